@@ -1,0 +1,163 @@
+"""Character files (characters/<id>.json): the persona, speech and rules of each NPC."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from bridge.errors import ConfigError
+
+BUILTIN_FALLBACK = "すみません、少々お待ちくださいね。"
+
+
+class _Part(BaseModel):
+    # The world's own character file may carry more keys: keep them, ignore them.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class Area(_Part):
+    min_x: float = Field(alias="minX")
+    max_x: float = Field(alias="maxX")
+    min_z: float = Field(alias="minZ")
+    max_z: float = Field(alias="maxZ")
+
+
+class Serve(_Part):
+    places: list[str] = Field(default_factory=list)
+    item: str | None = None
+    lines: list[str] = Field(default_factory=list)
+
+
+class Greet(_Part):
+    area: Area | None = None
+    lines: list[str] = Field(default_factory=list)
+
+
+class Staff(_Part):
+    serve: Serve | None = None
+    greet: Greet | None = None
+    talk: str | None = None
+    role: str = ""
+
+
+class Example(_Part):
+    input: str
+    reply: str
+
+
+class Speech(_Part):
+    first_person: str = "私"
+    style: str = "やわらかい丁寧語"
+    examples: list[Example] = Field(default_factory=list)
+    language: Literal["ja", "en"] = "ja"
+
+
+class Voice(_Part):
+    speaker: str | None = None
+
+
+class LLMChoice(_Part):
+    model: str | None = None
+    lane: str | None = None
+
+
+class MemoryChoice(_Part):
+    backend: Literal["file", "shared"] = "file"
+    extract: Literal["silence", "inline"] = "silence"
+
+
+class Character(_Part):
+    id: str = Field(pattern=r"^[a-z0-9-]+$", min_length=1)
+    name: str = Field(min_length=1)
+    persona: str = Field(min_length=1)
+    speaker_name: str | None = None
+    staff: Staff | None = None
+    talk: str | None = None  # non-staff characters say `"talk": "worker"` at the top level
+    speech: Speech = Field(default_factory=Speech)
+    fallbacks: list[str] = Field(default_factory=list)
+    banned: list[str] = Field(default_factory=list)
+    voice: Voice = Field(default_factory=Voice)
+    llm: LLMChoice = Field(default_factory=LLMChoice)
+    memory: MemoryChoice = Field(default_factory=MemoryChoice)
+
+    @model_validator(mode="after")
+    def _inline_needs_lane(self) -> Character:
+        if self.memory.extract == "inline" and not self.llm.lane:
+            raise ValueError("memory.extract 'inline' needs llm.lane (a strong model on a lane)")
+        return self
+
+    @property
+    def short_name(self) -> str:
+        return self.speaker_name or self.name
+
+    @property
+    def voiced(self) -> bool:
+        """Whether the bridge takes this character's talk (characters.md)."""
+        if self.staff is not None and self.staff.talk is not None:
+            return self.staff.talk == "worker"
+        return self.talk == "worker"
+
+    @property
+    def role(self) -> str:
+        return self.staff.role if self.staff else ""
+
+    @property
+    def fallback_lines(self) -> list[str]:
+        return [line for line in self.fallbacks if line.strip()] or [BUILTIN_FALLBACK]
+
+
+@dataclass(frozen=True)
+class Roster:
+    """All loaded characters; `voiced` are the ones the bridge claims."""
+
+    characters: dict[str, Character]
+
+    @property
+    def voiced(self) -> dict[str, Character]:
+        return {cid: c for cid, c in self.characters.items() if c.voiced}
+
+    def get(self, npc_id: str) -> Character | None:
+        return self.characters.get(npc_id)
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(file)"
+    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def load_character(path: Path) -> Character:
+    """Read and validate one character file; a bad one raises ConfigError naming path and field."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"character file {path}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"character file {path}: not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    try:
+        character = Character.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"character file {path}: {_describe(exc)}") from None
+    if character.id != path.stem:
+        raise ConfigError(f"character file {path}: id: {character.id!r} does not match the file name")
+    if character.voiced and character.staff is None and character.talk != "worker":
+        raise ConfigError(f"character file {path}: staff: required for a staff NPC")
+    return character
+
+
+def load_roster(directory: Path) -> Roster:
+    """Load every `*.json` in the characters directory; any invalid file stops start-up."""
+    if not directory.is_dir():
+        raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: {directory} is not a directory")
+    characters: dict[str, Character] = {}
+    for path in sorted(directory.glob("*.json")):
+        character = load_character(path)
+        characters[character.id] = character
+    if not characters:
+        raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: no character files (*.json) in {directory}")
+    return Roster(characters)

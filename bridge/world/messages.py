@@ -1,0 +1,107 @@
+"""Typed messages exchanged with the world room (world-protocol.md), validated at the boundary."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EMOTIONS = ("neutral", "happy", "angry", "sad", "relaxed", "surprised")
+Emotion = Literal["neutral", "happy", "angry", "sad", "relaxed", "surprised"]
+ReplySource = Literal["generated", "regenerated", "fallback"]
+
+
+class _Incoming(BaseModel):
+    # Unknown keys are ignored: the world may add fields without breaking the bridge.
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+
+class Talk(_Incoming):
+    """`npc:talk`: a player line addressed to one NPC."""
+
+    id: str = Field(min_length=1)
+    npc_id: str = Field(alias="npcId", min_length=1)
+    player_id: str = Field(alias="playerId", min_length=1)
+    player_name: str = Field(alias="playerName", default="")
+    text: str
+    at: float  # epoch milliseconds (arrives as a float from the server)
+
+
+class NpcEvent(_Incoming):
+    """`npc:event`: what the world's own routines just had the NPC say."""
+
+    npc_id: str = Field(alias="npcId", min_length=1)
+    player_id: str | None = Field(alias="playerId", default=None)
+    kind: Literal["greet", "serve", "guide"]
+    text: str
+    at: float
+
+
+class PlayerLeft(_Incoming):
+    """`player:left`: the player's queued lines are dropped and their history ends."""
+
+    player_id: str = Field(alias="playerId", min_length=1)
+    at: float
+
+
+class Denied(_Incoming):
+    npc_id: str = Field(alias="npcId")
+    reason: str = ""
+
+
+class Claimed(_Incoming):
+    """`worker:claimed`: which of the claimed NPCs the world granted."""
+
+    npc_ids: list[str] = Field(alias="npcIds", default_factory=list)
+    denied: list[Denied] = Field(default_factory=list)
+
+
+WorldEvent = Talk | NpcEvent | PlayerLeft | Claimed
+
+INCOMING_TYPES: dict[str, type[_Incoming]] = {
+    "npc:talk": Talk,
+    "npc:event": NpcEvent,
+    "player:left": PlayerLeft,
+    "worker:claimed": Claimed,
+}
+
+
+class _Outgoing(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, frozen=True)
+
+    def payload(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
+
+
+class Say(_Outgoing):
+    """`npc:say`: the cleaned line the NPC speaks."""
+
+    npc_id: str = Field(alias="npcId")
+    reply_to: str = Field(alias="replyTo")
+    text: str = Field(min_length=1)
+    emotion: Emotion = "neutral"
+    source: ReplySource = "generated"
+
+    type_name: Literal["npc:say"] = Field(default="npc:say", exclude=True)
+
+
+class Typing(_Outgoing):
+    """`npc:typing`: the world may show a "…" bubble while `on` is true."""
+
+    npc_id: str = Field(alias="npcId")
+    reply_to: str = Field(alias="replyTo")
+    on: bool
+
+    type_name: Literal["npc:typing"] = Field(default="npc:typing", exclude=True)
+
+
+class Claim(_Outgoing):
+    """`worker:claim`: the NPCs whose talk the bridge takes over."""
+
+    npc_ids: list[str] = Field(alias="npcIds")
+    scope: Literal["talk"] = "talk"
+
+    type_name: Literal["worker:claim"] = Field(default="worker:claim", exclude=True)
+
+
+OutgoingMessage = Say | Typing | Claim
