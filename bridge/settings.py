@@ -194,7 +194,7 @@ def _describe(error: ValidationError) -> str:
     variable = ENV_PREFIX + field.upper() if field else "configuration"
     message = first["msg"].removeprefix("Value error, ")
     given = first.get("input")
-    if field == "world_token" or given is None or isinstance(given, dict):
+    if field == "world_token" or given is None or isinstance(given, dict) or repr(given) in message:
         return f"{variable}: {message}"
     return f"{variable}: {message} (got {str(given)[:60]!r})"
 

@@ -97,3 +97,8 @@ class LLMBackend(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Release the HTTP client."""
+
+
+def model_available(model: str, available: list[str]) -> bool:
+    """Whether a server's model list holds `model` (Ollama lists "name:tag"; a bare name is ":latest")."""
+    return model in available or any(name.split(":")[0] == model for name in available)

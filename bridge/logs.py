@@ -1,0 +1,132 @@
+"""structlog set-up: one JSON object a line on stdout for journald, or a console renderer on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+# Keys that carry what players or NPCs said. They are dropped from every log line unless the
+# configuration asks for content (NPC_BRIDGE_LOG_CONTENT=true): a home server's journal is not the
+# place for a person's conversations by default.
+CONTENT_KEYS = frozenset(
+    {"text", "player_text", "npc_text", "reply_text", "raw", "raw_text", "candidate", "memory_text", "prompt"}
+)
+REDACTED = "[redacted]"
+
+
+class _Redactor:
+    """Replaces each secret (the world token) wherever it appears in a log line, keys and values."""
+
+    def __init__(self) -> None:
+        self.secrets: tuple[str, ...] = ()
+
+    def _scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for secret in self.secrets:
+                value = value.replace(secret, REDACTED)
+            return value
+        if isinstance(value, dict):
+            return {self._scrub(k): self._scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._scrub(v) for v in value)
+        if isinstance(value, BaseException):
+            return self._scrub(repr(value))
+        return value
+
+    def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
+        if not self.secrets:
+            return event_dict
+        return {self._scrub(k): self._scrub(v) for k, v in event_dict.items()}
+
+
+class _ContentFilter:
+    def __init__(self) -> None:
+        self.enabled = False
+
+    def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
+        if not self.enabled:
+            for key in CONTENT_KEYS.intersection(event_dict):
+                del event_dict[key]
+        return event_dict
+
+
+_redactor = _Redactor()
+_content = _ContentFilter()
+
+
+def add_secret(secret: str | None) -> None:
+    """Never let this string reach a log line (called with the world token as soon as it is read)."""
+    if secret and secret not in _redactor.secrets:
+        # Longest first, so a secret that contains another is replaced whole.
+        _redactor.secrets = tuple(sorted((*_redactor.secrets, secret), key=len, reverse=True))
+
+
+def _shared_processors() -> list[Processor]:
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _content,
+    ]
+
+
+def configure(
+    *,
+    fmt: str = "json",
+    level: str = "info",
+    log_content: bool = False,
+    stream: TextIO | None = None,
+    secrets: Iterable[str | None] = (),
+) -> None:
+    """Configure structlog and route the standard library's loggers (websockets, httpx) through it."""
+    _content.enabled = log_content
+    for secret in secrets:
+        add_secret(secret)
+    out = stream or sys.stdout
+    renderer: Processor
+    if fmt == "console":
+        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
+    else:
+        renderer = structlog.processors.JSONRenderer(ensure_ascii=False)
+    final: list[Processor] = [
+        structlog.processors.format_exc_info,
+        structlog.processors.UnicodeDecoder(),
+        _redactor,
+        renderer,
+    ]
+    numeric = logging.getLevelName(level.upper())
+    structlog.configure(
+        processors=[*_shared_processors(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=_shared_processors(),
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *final],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric)
+    # Library chatter: httpx logs every request at INFO, websockets every frame at DEBUG.
+    for noisy in ("httpx", "httpcore", "websockets", "asyncio", "aiohttp"):
+        logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
+
+
+def bind(**context: Any) -> None:
+    """Bind npc / player / event_id for the current task (contextvars: tasks inherit a copy)."""
+    structlog.contextvars.bind_contextvars(**context)
+
+
+def content(enabled: bool, **fields: Any) -> MutableMapping[str, Any]:
+    """Fields holding player or NPC text, or nothing when content logging is off."""
+    return dict(fields) if enabled else {}

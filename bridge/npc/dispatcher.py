@@ -1,0 +1,315 @@
+"""World events → one queue per NPC → replies, with the queueing rules of replies.md.
+
+An NPC answers one line at a time, in order. A line is *queued* until its request is sent to the
+LLM (waiting for the NPC or for the LLM slot both count); while queued, a newer line from the same
+player to the same NPC replaces it, and `player:left` drops it — neither gets an `npc:say`. A line
+already sent to the LLM is always answered: with the reply, or with a fallback line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+import structlog
+
+from bridge.llm.gate import LLMGate, Priority
+from bridge.npc.characters import Character, Roster
+from bridge.npc.conversation import Conversations
+from bridge.npc.prompt import Exchange, sanitize_player_text
+from bridge.npc.responder import Reply, ReplyContext, Responder
+from bridge.world.messages import NpcEvent, PlayerLeft, Say, Talk, Typing
+
+log = structlog.get_logger(__name__)
+
+MAX_QUEUED_LINES_PER_NPC = 16
+RECALL_TIMEOUT_SECONDS = 5.0
+SHUTDOWN_GRACE_SECONDS = 5.0
+
+
+class Speaker(Protocol):
+    """The world link's mouth."""
+
+    async def say(self, message: Say) -> None: ...
+
+    async def typing(self, message: Typing) -> None: ...
+
+
+class Memory(Protocol):
+    """What the dispatcher needs of the memory keeper."""
+
+    def touch(self, npc_id: str) -> None: ...
+
+    async def recall(self, npc_id: str, *, query: str) -> list[str]: ...
+
+    async def note_exchange(self, npc_id: str, *, player: str, npc: str, at: datetime) -> None: ...
+
+    async def note_event(self, npc_id: str, *, text: str, at: datetime) -> None: ...
+
+    async def save_inline(self, npc_id: str, lines: list[str], *, at: datetime) -> None: ...
+
+
+@dataclass(eq=False)
+class _Line:
+    talk: Talk
+    text: str  # sanitised player text
+    received: float  # event-loop time
+    dropped: bool = False
+    sent: bool = False  # its request went to the LLM: it will be answered
+
+
+@dataclass(eq=False)
+class _NpcQueue:
+    character: Character
+    lines: deque[_Line] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    current: _Line | None = None
+    scope: asyncio.Timeout | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        roster: Roster,
+        speaker: Speaker,
+        responder: Responder,
+        gate: LLMGate,
+        memory: Memory,
+        conversations: Conversations,
+        reply_deadline_seconds: float,
+        log_content: bool = False,
+    ) -> None:
+        self._speaker = speaker
+        self._responder = responder
+        self._gate = gate
+        self._memory = memory
+        self._conversations = conversations
+        self._deadline_seconds = reply_deadline_seconds
+        self._log_content = log_content
+        self._queues = {npc_id: _NpcQueue(character) for npc_id, character in roster.voiced.items()}
+        self._closing = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- events in -------------------------------------------------------------------------------
+
+    async def handle(self, event: Talk | NpcEvent | PlayerLeft) -> None:
+        if isinstance(event, Talk):
+            self._take_talk(event)
+        elif isinstance(event, NpcEvent):
+            await self._take_world_line(event)
+        else:
+            self._player_left(event.player_id)
+
+    def _take_talk(self, talk: Talk) -> None:
+        queue = self._queues.get(talk.npc_id)
+        if queue is None:
+            log.warning("talk_ignored", reason="npc not voiced", npc=talk.npc_id, event_id=talk.id)
+            return
+        if self._closing:
+            log.info("talk_ignored", reason="shutting down", npc=talk.npc_id, event_id=talk.id)
+            return
+        loop_now = asyncio.get_running_loop().time()
+        line = _Line(talk=talk, text=sanitize_player_text(talk.text), received=loop_now)
+        for old in [old for old in queue.lines if old.talk.player_id == talk.player_id]:
+            queue.lines.remove(old)
+            self._drop(old, "superseded", by=talk.id)
+        current = queue.current
+        if current is not None and not current.sent and current.talk.player_id == talk.player_id:
+            self._drop(current, "superseded", by=talk.id)
+        if len(queue.lines) >= MAX_QUEUED_LINES_PER_NPC:
+            self._drop(queue.lines.popleft(), "queue full")
+        queue.lines.append(line)
+        queue.wake.set()
+        self._memory.touch(talk.npc_id)
+        log.info(
+            "talk_queued",
+            npc=talk.npc_id,
+            player=talk.player_id,
+            event_id=talk.id,
+            queued=len(queue.lines),
+            player_text=line.text if self._log_content else None,
+        )
+
+    async def _take_world_line(self, event: NpcEvent) -> None:
+        if event.npc_id not in self._queues:
+            return
+        self._conversations.note_world_line(event.npc_id, event.player_id, event.text)
+        if event.player_id is not None:
+            await self._memory.note_event(event.npc_id, text=event.text, at=_from_ms(event.at))
+
+    def _player_left(self, player_id: str) -> None:
+        for queue in self._queues.values():
+            for line in [line for line in queue.lines if line.talk.player_id == player_id]:
+                queue.lines.remove(line)
+                self._drop(line, "player left")
+            current = queue.current
+            if current is not None and not current.sent and current.talk.player_id == player_id:
+                self._drop(current, "player left")
+        self._conversations.end_player(player_id)
+
+    def _drop(self, line: _Line, reason: str, by: str | None = None) -> None:
+        line.dropped = True
+        log.info(
+            "talk_dropped",
+            reason=reason,
+            npc=line.talk.npc_id,
+            player=line.talk.player_id,
+            event_id=line.talk.id,
+            superseded_by=by,
+        )
+
+    # ---- workers ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for npc_id, queue in self._queues.items():
+                group.create_task(self._work(queue), name=f"npc:{npc_id}")
+
+    async def _work(self, queue: _NpcQueue) -> None:
+        while True:
+            while not queue.lines:
+                queue.wake.clear()
+                await queue.wake.wait()
+            line = queue.lines.popleft()
+            queue.current = line
+            self._idle.clear()
+            try:
+                await self._answer(queue, line)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A bug in one reply must not silence the NPC: log it whole and move on.
+                log.exception("reply_crashed", npc=line.talk.npc_id, event_id=line.talk.id)
+                if line.sent:
+                    await self._say(queue.character, line, self._responder.fallback(queue.character, error="bug"))
+            finally:
+                queue.current = None
+                queue.scope = None
+                if all(q.current is None for q in self._queues.values()):
+                    self._idle.set()
+
+    async def _answer(self, queue: _NpcQueue, line: _Line) -> None:
+        character, talk = queue.character, line.talk
+        structlog.contextvars.bind_contextvars(npc=talk.npc_id, player=talk.player_id, event_id=talk.id)
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            deadline = started + self._deadline_seconds
+            await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=True))
+            context = await self._context(character, line)
+            async with self._gate.slot(Priority.REPLY):
+                if line.dropped or self._closing:
+                    if not line.dropped:
+                        self._drop(line, "shutting down")
+                    await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=False))
+                    return
+                line.sent = True
+                waited_ms = (loop.time() - started) * 1000
+                try:
+                    async with asyncio.timeout_at(deadline) as scope:
+                        queue.scope = scope
+                        reply = await self._responder.respond(context, deadline=deadline)
+                except TimeoutError:
+                    # Shutdown shortened the deadline (see drain): still answer.
+                    reply = self._responder.fallback(character, error="shutdown")
+            await self._say(character, line, reply, started=started, waited_ms=waited_ms)
+        finally:
+            structlog.contextvars.unbind_contextvars("npc", "player", "event_id")
+
+    async def _context(self, character: Character, line: _Line) -> ReplyContext:
+        talk = line.talk
+        try:
+            async with asyncio.timeout(RECALL_TIMEOUT_SECONDS):
+                memories = await self._memory.recall(talk.npc_id, query=line.text)
+        except Exception as exc:  # noqa: BLE001 - a reply goes on without memories
+            log.warning("recall_failed", error_type=type(exc).__name__)
+            memories = []
+        return ReplyContext(
+            character=character,
+            player_line=line.text,
+            player_name=talk.player_name,
+            world_lines=self._conversations.world_lines(talk.npc_id, talk.player_id),
+            memories=memories,
+            history=self._conversations.history(talk.npc_id, talk.player_id),
+            last_said=self._conversations.last_said(talk.npc_id, talk.player_id),
+        )
+
+    async def _say(
+        self,
+        character: Character,
+        line: _Line,
+        reply: Reply,
+        *,
+        started: float | None = None,
+        waited_ms: float = 0.0,
+    ) -> None:
+        talk = line.talk
+        await self._speaker.say(
+            Say(npc_id=talk.npc_id, reply_to=talk.id, text=reply.text, emotion=reply.emotion, source=reply.source)
+        )
+        now = datetime.now(UTC)
+        self._conversations.record(talk.npc_id, talk.player_id, Exchange(player=line.text, npc=reply.text))
+        stats = reply.stats
+        log.info(
+            "reply_said",
+            npc=talk.npc_id,
+            player=talk.player_id,
+            event_id=talk.id,
+            source=reply.source,
+            emotion=reply.emotion,
+            latency_ms=round((asyncio.get_running_loop().time() - (started or line.received)) * 1000, 1),
+            queued_ms=round(((started or line.received) - line.received) * 1000, 1),
+            slot_wait_ms=round(waited_ms, 1),
+            model=stats.model if stats else None,
+            backend=stats.backend if stats else None,
+            eval_count=stats.eval_count if stats else None,
+            prompt_eval_count=stats.prompt_eval_count if stats else None,
+            llm_total_ms=stats.total_duration_ms if stats else None,
+            stopped_early=reply.stopped_early,
+            failed_rules=reply.failed_rules or None,
+            error=reply.error,
+            chars=len(reply.text),
+            player_text=line.text if self._log_content else None,
+            npc_text=reply.text if self._log_content else None,
+        )
+        try:
+            await self._memory.note_exchange(talk.npc_id, player=line.text, npc=reply.text, at=now)
+            if reply.memory_lines:
+                await self._memory.save_inline(talk.npc_id, reply.memory_lines, at=now)
+        except Exception:
+            log.exception("memory_note_failed", npc=talk.npc_id)
+
+    # ---- shutdown --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Take no new work: queued lines are dropped (never sent to the LLM, so never owed a say)."""
+        self._closing = True
+        for queue in self._queues.values():
+            while queue.lines:
+                self._drop(queue.lines.popleft(), "shutting down")
+
+    async def drain(self, grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None:
+        """Let replies in flight finish within the grace; past it they are answered with a fallback."""
+        self.close()
+        loop = asyncio.get_running_loop()
+        for queue in self._queues.values():
+            if queue.scope is not None and (queue.scope.when() or 0) > loop.time() + grace_seconds:
+                queue.scope.reschedule(loop.time() + grace_seconds)
+        try:
+            async with asyncio.timeout(grace_seconds + 2.0):
+                await self._idle.wait()
+        except TimeoutError:
+            log.warning("shutdown_replies_unfinished")
+
+
+def _from_ms(epoch_ms: float) -> datetime:
+    try:
+        return datetime.fromtimestamp(epoch_ms / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return datetime.fromtimestamp(time.time(), UTC)

@@ -1,0 +1,85 @@
+"""Logs: one JSON object a line with event, level, UTC timestamp and bound context; no token, no text."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+import structlog
+
+from bridge import logs
+
+
+@pytest.fixture
+def output() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    yield stream
+    structlog.contextvars.clear_contextvars()
+    logs.configure(fmt="json", level="info")
+
+
+def lines(stream: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_every_line_has_event_level_and_utc_iso_timestamp(output: io.StringIO) -> None:
+    logs.configure(fmt="json", level="info", stream=output)
+    structlog.get_logger("t").info("reply_said", latency_ms=12.5)
+    (line,) = lines(output)
+    assert line["event"] == "reply_said" and line["level"] == "info" and line["latency_ms"] == 12.5
+    stamp = datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00"))
+    assert stamp.utcoffset() is not None and stamp.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
+
+
+def test_bound_context_appears_on_each_line(output: io.StringIO) -> None:
+    logs.configure(fmt="json", level="info", stream=output)
+    logs.bind(npc="cafe-minori", player="sess-1", event_id="evt-9")
+    structlog.get_logger("t").info("talk_queued")
+    (line,) = lines(output)
+    assert (line["npc"], line["player"], line["event_id"]) == ("cafe-minori", "sess-1", "evt-9")
+
+
+def test_player_and_npc_text_only_when_content_logging_is_on(output: io.StringIO) -> None:
+    logs.configure(fmt="json", level="info", stream=output, log_content=False)
+    structlog.get_logger("t").info("reply_said", player_text="紅茶が好き", npc_text="いいですね", chars=5)
+    logs.configure(fmt="json", level="info", stream=output, log_content=True)
+    structlog.get_logger("t").info("reply_said", player_text="紅茶が好き", npc_text="いいですね", chars=5)
+    off, on = lines(output)
+    assert "player_text" not in off and "npc_text" not in off and off["chars"] == 5
+    assert on["player_text"] == "紅茶が好き" and on["npc_text"] == "いいですね"
+
+
+def test_token_never_reaches_a_log_line(output: io.StringIO) -> None:
+    token = "w0rld-t0ken-XYZ"
+    logs.configure(fmt="json", level="debug", stream=output, secrets=[token])
+    log = structlog.get_logger("t")
+    log.info("joining", options={"token": token, "worker": True})
+    log.warning("refused", url=f"http://world/?t={token}")
+    logging.getLogger("websockets.client").warning("library said %s", token)
+    try:
+        raise RuntimeError(f"auth failed for {token}")
+    except RuntimeError:
+        log.exception("crashed")
+    text = output.getvalue()
+    assert token not in text
+    assert text.count(logs.REDACTED) >= 4
+    assert len(lines(output)) == 4
+
+
+def test_library_logs_go_through_the_same_json_format(output: io.StringIO) -> None:
+    logs.configure(fmt="json", level="info", stream=output)
+    logging.getLogger("httpx").warning("connection pool full")
+    (line,) = lines(output)
+    assert line["event"] == "connection pool full" and line["logger"] == "httpx" and "timestamp" in line
+
+
+def test_console_format_is_not_json(output: io.StringIO) -> None:
+    logs.configure(fmt="console", level="info", stream=output)
+    structlog.get_logger("t").info("hello_console")
+    assert "hello_console" in output.getvalue()
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(output.getvalue().splitlines()[0])
