@@ -1,0 +1,276 @@
+"""The dispatcher's queueing rules (replies.md "Queueing") against a real loopback Ollama server.
+
+The world side is a recorder of what the dispatcher says (the world link has its own tests against
+real Colyseus servers); the LLM is a real HTTP server streaming NDJSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.llm.gate import LLMGate, Priority
+from bridge.llm.ollama import OllamaBackend
+from bridge.memory.keeper import MemoryKeeper
+from bridge.memory.store import MemoryStore
+from bridge.npc.characters import load_roster
+from bridge.npc.conversation import Conversations
+from bridge.npc.dispatcher import Dispatcher
+from bridge.npc.responder import Responder
+from bridge.settings import Settings, load_settings
+from bridge.world.messages import NpcEvent, PlayerLeft, Say, Talk, Typing
+from tests.fakes.llm_servers import Answer, FakeOllama, stall
+
+REPO = Path(__file__).resolve().parents[2]
+_ids = itertools.count(1)
+
+
+@dataclass
+class Recorder:
+    """Stands in for the world link's mouth."""
+
+    says: list[Say] = field(default_factory=list)
+    said_at: list[float] = field(default_factory=list)
+    typings: list[Typing] = field(default_factory=list)
+    said: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def say(self, message: Say) -> None:
+        self.says.append(message)
+        self.said_at.append(time.monotonic())
+        self.said.set()
+
+    async def typing(self, message: Typing) -> None:
+        self.typings.append(message)
+
+    async def wait_says(self, count: int, timeout: float = 10.0) -> list[Say]:
+        async with asyncio.timeout(timeout):
+            while len(self.says) < count:
+                self.said.clear()
+                await self.said.wait()
+        return self.says
+
+
+def talk(npc: str, player: str, text: str, name: str = "旅人1") -> Talk:
+    return Talk(
+        id=f"evt-{next(_ids)}", npcId=npc, playerId=player, playerName=name, text=text, at=time.time() * 1000
+    )
+
+
+@dataclass
+class Rig:
+    dispatcher: Dispatcher
+    world: Recorder
+    server: FakeOllama
+    gate: LLMGate
+    settings: Settings
+    memory_dir: Path
+
+
+@pytest.fixture
+async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    overrides: dict[str, Any] = getattr(request, "param", {})
+    async with FakeOllama() as server:
+        settings = load_settings(
+            llm_url=server.url,
+            characters_dir=REPO / "characters",
+            memory_dir=tmp_path,
+            memory_silence_seconds=3600,
+            reply_deadline_seconds=overrides.get("deadline", 10.0),
+            llm_concurrency=overrides.get("concurrency", 1),
+        )
+        roster = load_roster(settings.characters_dir)
+        backend = OllamaBackend(server.url)
+        gate = LLMGate(settings.llm_concurrency)
+        keeper = MemoryKeeper(
+            store=MemoryStore(tmp_path, limit=60), backend=backend, gate=gate, roster=roster, settings=settings, shared=None
+        )
+        world = Recorder()
+        dispatcher = Dispatcher(
+            roster=roster,
+            speaker=world,
+            responder=Responder(backend=backend, settings=settings, roster=roster),
+            gate=gate,
+            memory=keeper,
+            conversations=Conversations(history_seconds=1800),
+            reply_deadline_seconds=settings.reply_deadline_seconds,
+        )
+        task = asyncio.create_task(dispatcher.run())
+        try:
+            yield Rig(dispatcher, world, server, gate, settings, tmp_path)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await backend.aclose()
+
+
+async def test_each_line_gets_exactly_one_say_in_order(rig: Rig) -> None:
+    rig.server.default = "いらっしゃいませ。ごゆっくりどうぞ。"
+    lines = [talk("cafe-minori", f"p{n}", f"こんにちは{n}") for n in range(3)]
+    for line in lines:
+        await rig.dispatcher.handle(line)
+    says = await rig.world.wait_says(3)
+    await asyncio.sleep(0.2)
+    assert [s.reply_to for s in rig.world.says] == [line.id for line in lines]
+    assert all(s.source == "generated" and s.text == "いらっしゃいませ。ごゆっくりどうぞ。" for s in says)
+    assert [t.reply_to for t in rig.world.typings if t.on] == [line.id for line in lines]
+
+
+async def test_newer_line_from_the_same_player_replaces_the_queued_one(rig: Rig) -> None:
+    rig.server.script(Answer.text("少々お待ちください。", delay_seconds=0.05))
+    first = talk("cafe-minori", "alice", "こんにちは")
+    await rig.dispatcher.handle(first)
+    await rig.server.wait_for_requests(1)
+    older = talk("cafe-minori", "bob", "コーヒーください")
+    newer = talk("cafe-minori", "bob", "やっぱり紅茶で")
+    await rig.dispatcher.handle(older)
+    await rig.dispatcher.handle(newer)
+    await rig.world.wait_says(2)
+    await asyncio.sleep(0.3)
+    assert [s.reply_to for s in rig.world.says] == [first.id, newer.id]
+    assert older.id not in {t.reply_to for t in rig.world.typings}
+    assert "紅茶" in rig.server.requests[-1].messages[-1]["content"]
+
+
+async def test_player_who_left_has_queued_lines_dropped(rig: Rig) -> None:
+    rig.server.script(Answer.text("少々お待ちください。", delay_seconds=0.05))
+    first = talk("cafe-minori", "alice", "こんにちは")
+    await rig.dispatcher.handle(first)
+    await rig.server.wait_for_requests(1)
+    queued = talk("cafe-minori", "bob", "コーヒーください")
+    await rig.dispatcher.handle(queued)
+    await rig.dispatcher.handle(PlayerLeft(playerId="bob", at=time.time() * 1000))
+    await rig.world.wait_says(1)
+    await asyncio.sleep(0.5)
+    assert [s.reply_to for s in rig.world.says] == [first.id]
+    assert len(rig.server.requests) == 1
+
+
+async def test_line_already_sent_to_the_llm_is_answered_even_if_the_player_leaves(rig: Rig) -> None:
+    rig.server.script(Answer.text("ありがとうございます。", delay_seconds=0.05))
+    line = talk("cafe-minori", "alice", "ありがとう")
+    await rig.dispatcher.handle(line)
+    await rig.server.wait_for_requests(1)
+    await rig.dispatcher.handle(PlayerLeft(playerId="alice", at=time.time() * 1000))
+    (say,) = await rig.world.wait_says(1)
+    assert say.reply_to == line.id and say.source == "generated"
+
+
+async def test_line_superseded_while_waiting_for_the_llm_slot_gets_typing_off(rig: Rig) -> None:
+    await rig.gate.acquire(Priority.EXTRACTION)  # the LAN machine is busy with an extraction
+    waiting = talk("cinema-aoi", "alice", "こんにちは")
+    await rig.dispatcher.handle(waiting)
+    await asyncio.sleep(0.1)
+    assert [(t.reply_to, t.on) for t in rig.world.typings] == [(waiting.id, True)]
+    newer = talk("cinema-aoi", "alice", "ポップコーンください")
+    await rig.dispatcher.handle(newer)
+    rig.gate.release()
+    (say,) = await rig.world.wait_says(1)
+    assert say.reply_to == newer.id
+    assert (waiting.id, False) in [(t.reply_to, t.on) for t in rig.world.typings]
+    assert len(rig.server.requests) == 1
+
+
+@pytest.mark.parametrize("rig", [{"deadline": 0.8}], indirect=True)
+async def test_deadline_passed_gives_a_fallback_line(rig: Rig) -> None:
+    rig.server.script(stall("ええと"))
+    started = time.monotonic()
+    await rig.dispatcher.handle(talk("ryokan-fumi", "alice", "温泉はどこ？"))
+    (say,) = await rig.world.wait_says(1)
+    assert say.source == "fallback"
+    assert say.text in load_roster(REPO / "characters").characters["ryokan-fumi"].fallbacks
+    assert time.monotonic() - started < 3.0
+    record = await rig.server.requests[0].wait_ended()
+    assert record.closed_early  # the stalled request was cancelled, not left hanging
+
+
+@pytest.mark.parametrize("rig", [{"deadline": 2.0}], indirect=True)
+async def test_dead_llm_gives_a_fallback_line(rig: Rig) -> None:
+    await rig.server.close()  # connections are refused from now on
+    await rig.dispatcher.handle(talk("cafe-minori", "alice", "こんにちは"))
+    (say,) = await rig.world.wait_says(1, timeout=6)
+    assert say.source == "fallback"
+
+
+async def test_repeated_line_is_regenerated_without_the_copied_line_in_history(rig: Rig) -> None:
+    rig.server.script(
+        Answer.text("いらっしゃいませ。"),
+        Answer.text("いらっしゃいませ。"),
+        Answer.text("またお会いできてうれしいです。"),
+    )
+    await rig.dispatcher.handle(talk("cafe-minori", "alice", "こんにちは"))
+    await rig.world.wait_says(1)
+    await rig.dispatcher.handle(talk("cafe-minori", "alice", "また来たよ"))
+    says = await rig.world.wait_says(2)
+    assert says[1].source == "regenerated" and says[1].text == "またお会いできてうれしいです。"
+    retry = rig.server.requests[2].messages
+    assert not any(m["role"] == "assistant" and m["content"] == "いらっしゃいませ。" for m in retry)
+
+
+async def test_two_failed_tries_give_fallback_lines_never_twice_in_a_row(rig: Rig) -> None:
+    rig.server.default = "[happy]<にっこり>"  # cleans to nothing every time
+    for n in range(3):
+        await rig.dispatcher.handle(talk("cafe-minori", f"p{n}", "こんにちは"))
+    says = await rig.world.wait_says(3)
+    assert [s.source for s in says] == ["fallback"] * 3
+    assert says[0].text != says[1].text != says[2].text
+    assert len(rig.server.requests) == 6  # one try and one regeneration each
+
+
+async def test_stream_is_closed_once_two_sentences_are_complete(rig: Rig) -> None:
+    text = "はい、こちらです。温かいうちにどうぞ。今日は豆がいいんです。ごゆっくり。"
+    rig.server.script(Answer.text(text, piece_chars=2, delay_seconds=0.03))
+    await rig.dispatcher.handle(talk("cafe-minori", "alice", "コーヒーください"))
+    (say,) = await rig.world.wait_says(1)
+    assert say.text == "はい、こちらです。温かいうちにどうぞ。"
+    record = await rig.server.requests[0].wait_ended()
+    assert record.closed_early and record.pieces_sent < record.pieces_planned
+
+
+@pytest.mark.parametrize("rig", [{"concurrency": 1}], indirect=True)
+async def test_requests_in_flight_never_exceed_the_concurrency(rig: Rig) -> None:
+    rig.server.default = Answer.text("いらっしゃいませ。", delay_seconds=0.03)
+    for npc in ("cafe-minori", "cinema-aoi", "ryokan-fumi"):
+        await rig.dispatcher.handle(talk(npc, "alice", "こんにちは"))
+    await rig.world.wait_says(3)
+    arrivals = sorted(r.received_at for r in rig.server.requests)
+    # Each request reaches the server only after the previous reply was said.
+    assert len(arrivals) == 3
+    assert all(arrival >= said for arrival, said in zip(arrivals[1:], rig.world.said_at, strict=False))
+
+
+async def test_world_event_reaches_the_next_prompt_and_the_pending_memory(rig: Rig) -> None:
+    rig.server.default = "どうぞごゆっくり。"
+    await rig.dispatcher.handle(
+        NpcEvent(npcId="cafe-minori", playerId="alice", kind="serve", text="お待たせしました、コーヒーです。", at=time.time() * 1000)
+    )
+    await rig.dispatcher.handle(talk("cafe-minori", "alice", "ありがとう"))
+    await rig.world.wait_says(1)
+    system = rig.server.requests[0].messages[0]
+    assert system["role"] == "system" and "お待たせしました、コーヒーです。" in system["content"]
+    assert "コーヒーです" in (rig.memory_dir / "cafe-minori.json").read_text(encoding="utf-8")
+
+
+async def test_talk_to_an_npc_the_bridge_does_not_voice_is_ignored(rig: Rig) -> None:
+    await rig.dispatcher.handle(talk("mayor-tanaka", "alice", "こんにちは"))
+    await asyncio.sleep(0.2)
+    assert rig.world.says == [] and rig.server.requests == []
+
+
+async def test_drain_answers_the_reply_in_flight_with_a_fallback_after_the_grace(rig: Rig) -> None:
+    rig.server.script(stall("ええと"))
+    line = talk("cafe-minori", "alice", "こんにちは")
+    queued = talk("cafe-minori", "bob", "こんばんは")
+    await rig.dispatcher.handle(line)
+    await rig.dispatcher.handle(queued)
+    await rig.server.wait_for_requests(1)
+    started = time.monotonic()
+    await rig.dispatcher.drain(0.3)
+    assert time.monotonic() - started < 2.0
+    assert [(s.reply_to, s.source) for s in rig.world.says] == [(line.id, "fallback")]
