@@ -44,7 +44,8 @@ async def run_chat(settings: Settings, npc_id: str) -> int:
     roster = load_roster(settings.characters_dir)
     character = roster.get(npc_id)
     if character is None:
-        raise ConfigError(f"no character {npc_id!r} in {settings.characters_dir} (have: {', '.join(roster.characters)})")
+        have = ", ".join(roster.characters)
+        raise ConfigError(f"no character {npc_id!r} in {settings.characters_dir} (have: {have})")
     # Logs go to stderr so the conversation on stdout stays readable.
     logs.configure(fmt="console", level=settings.log_level, log_content=settings.log_content, stream=sys.stderr)
     backend = make_backend(settings)

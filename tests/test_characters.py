@@ -90,7 +90,7 @@ def test_missing_required_field_is_named(tmp_path: Path) -> None:
 
 def test_id_must_match_the_file_name(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL, name="other-name")
-    with pytest.raises(ConfigError, match="does not match the file name"):
+    with pytest.raises(ConfigError, match=r"does not match the file name"):
         load_character(path)
 
 
@@ -104,7 +104,7 @@ def test_broken_json_is_reported_with_its_position(tmp_path: Path) -> None:
 def test_one_bad_file_stops_the_roster(tmp_path: Path) -> None:
     write(tmp_path, MINIMAL)
     write(tmp_path, {**MINIMAL, "id": "bad-one", "persona": ""})
-    with pytest.raises(ConfigError, match="bad-one.json"):
+    with pytest.raises(ConfigError, match=r"bad-one\.json"):
         load_roster(tmp_path)
 
 

@@ -117,7 +117,9 @@ def test_shutdown_stages_fit_inside_the_units_stop_timeout() -> None:
     assert app.SHUTDOWN_BUDGET_SECONDS < timeout_seconds
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed (Debian package systemd)")
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed (Debian package systemd)"
+)
 def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     # verify insists that ExecStart exists: point it at this checkout's real console script.
     executable = shutil.which("npc-bridge") or str(REPO / ".venv" / "bin" / "npc-bridge")

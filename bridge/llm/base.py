@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -87,7 +87,7 @@ class LLMBackend(ABC):
     name: str
 
     @abstractmethod
-    def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         """Stream one generation."""
 
     @abstractmethod

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-import time
 
 from bridge.npc.prompt import Exchange
 

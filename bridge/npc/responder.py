@@ -140,7 +140,7 @@ class Responder:
                         return Reply(
                             text=cleaned.text,
                             emotion=cleaned.emotion,
-                            source=source,  # type: ignore[arg-type]
+                            source=source,
                             memory_lines=memory_lines,
                             stats=attempt.stats,
                             failed_rules=rules,

@@ -49,8 +49,8 @@ class Recorder:
     async def typing(self, message: Typing) -> None:
         self.typings.append(message)
 
-    async def wait_says(self, count: int, timeout: float = 10.0) -> list[Say]:
-        async with asyncio.timeout(timeout):
+    async def wait_says(self, count: int, within: float = 10.0) -> list[Say]:
+        async with asyncio.timeout(within):
             while len(self.says) < count:
                 self.said.clear()
                 await self.said.wait()
@@ -89,7 +89,12 @@ async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[R
         backend = OllamaBackend(server.url)
         gate = LLMGate(settings.llm_concurrency)
         keeper = MemoryKeeper(
-            store=MemoryStore(tmp_path, limit=60), backend=backend, gate=gate, roster=roster, settings=settings, shared=None
+            store=MemoryStore(tmp_path, limit=60),
+            backend=backend,
+            gate=gate,
+            roster=roster,
+            settings=settings,
+            shared=None,
         )
         world = Recorder()
         dispatcher = Dispatcher(
@@ -194,7 +199,7 @@ async def test_deadline_passed_gives_a_fallback_line(rig: Rig) -> None:
 async def test_dead_llm_gives_a_fallback_line(rig: Rig) -> None:
     await rig.server.close()  # connections are refused from now on
     await rig.dispatcher.handle(talk("cafe-minori", "alice", "こんにちは"))
-    (say,) = await rig.world.wait_says(1, timeout=6)
+    (say,) = await rig.world.wait_says(1, within=6)
     assert say.source == "fallback"
 
 
@@ -248,7 +253,13 @@ async def test_requests_in_flight_never_exceed_the_concurrency(rig: Rig) -> None
 async def test_world_event_reaches_the_next_prompt_and_the_pending_memory(rig: Rig) -> None:
     rig.server.default = "どうぞごゆっくり。"
     await rig.dispatcher.handle(
-        NpcEvent(npcId="cafe-minori", playerId="alice", kind="serve", text="お待たせしました、コーヒーです。", at=time.time() * 1000)
+        NpcEvent(
+            npcId="cafe-minori",
+            playerId="alice",
+            kind="serve",
+            text="お待たせしました、コーヒーです。",
+            at=time.time() * 1000,
+        )
     )
     await rig.dispatcher.handle(talk("cafe-minori", "alice", "ありがとう"))
     await rig.world.wait_says(1)
