@@ -56,11 +56,12 @@ async def supervise(
     name: str,
     component: Callable[[], Awaitable[None]],
     *,
+    stopping: Callable[[], bool] = lambda: False,
     first_delay: float = RESTART_BACKOFF_FIRST_SECONDS,
     cap: float = RESTART_BACKOFF_CAP_SECONDS,
     healthy_after: float = HEALTHY_RUN_SECONDS,
 ) -> None:
-    """Run a component forever: a crash is logged with its traceback and the component restarted.
+    """Run a component until shutdown: a crash is logged with its traceback and the component restarted.
 
     The delay grows while the component keeps failing quickly and resets after a healthy run.
     """
@@ -69,6 +70,8 @@ async def supervise(
         started = time.monotonic()
         try:
             await component()
+            if stopping():
+                return
             log.warning("component_returned", component=name)
         except asyncio.CancelledError:
             raise
@@ -159,7 +162,7 @@ class App:
                     "watchdog": self.notifier.watchdog,
                 }
                 tasks = [
-                    group.create_task(supervise(name, component), name=name)
+                    group.create_task(supervise(name, component, stopping=self.stop_event.is_set), name=name)
                     for name, component in components.items()
                 ]
                 # Up means up: a world that is down at boot must not fail the unit.

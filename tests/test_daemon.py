@@ -1,0 +1,224 @@
+"""The daemon as a person runs it: a real `npc-bridge` process, a real Colyseus world, a loopback LLM."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bridge.app import supervise
+from tests.fakes.llm_servers import FakeOllama
+from tests.world.harness import WorldServer, node_available
+
+REPO = Path(__file__).resolve().parent.parent
+TOKEN = "daemon-test-token-91f2"
+BRIDGE = [sys.executable, "-m", "bridge"]
+
+
+def bridge_env(tmp_path: Path, **values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NPC_BRIDGE_") and k != "NOTIFY_SOCKET"}
+    env.update(
+        NPC_BRIDGE_CHARACTERS_DIR=str(REPO / "characters"),
+        NPC_BRIDGE_MEMORY_DIR=str(tmp_path / "memory"),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(values)
+    return env
+
+
+def test_missing_token_exits_2_with_one_line_before_connecting(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*BRIDGE, "run"], env=bridge_env(tmp_path), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "npc-bridge: configuration error: NPC_BRIDGE_WORLD_TOKEN: required to run "
+        "(set it, or NPC_BRIDGE_WORLD_TOKEN_FILE)"
+    ]
+
+
+def test_bad_value_exits_2_naming_the_variable_whatever_the_log_format(tmp_path: Path) -> None:
+    env = bridge_env(tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_LLM_CONCURRENCY="lots")
+    env["NPC_BRIDGE_LOG_FORMAT"] = "console"
+    result = subprocess.run([*BRIDGE, "run"], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("npc-bridge: configuration error: NPC_BRIDGE_LLM_CONCURRENCY: ")
+    assert TOKEN not in result.stderr + result.stdout
+
+
+def test_invalid_character_file_stops_start_up_with_path_and_field(tmp_path: Path) -> None:
+    characters = tmp_path / "characters"
+    shutil.copytree(REPO / "characters", characters)
+    (characters / "cafe-minori.json").write_text('{"id": "cafe-minori", "name": "x"}', encoding="utf-8")
+    env = bridge_env(tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_CHARACTERS_DIR=str(characters))
+    result = subprocess.run([*BRIDGE, "run"], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert "cafe-minori.json" in result.stderr and "persona" in result.stderr
+
+
+def test_check_with_the_example_env_prints_a_clear_report(tmp_path: Path) -> None:
+    env = bridge_env(tmp_path)
+    for line in (REPO / "systemd" / "npc-bridge.env.example").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    # Nothing listens on these loopback ports: the report must say so, and exit 1.
+    port = _free_port()
+    env["NPC_BRIDGE_WORLD_URL"] = f"http://127.0.0.1:{port}"
+    env["NPC_BRIDGE_LLM_URL"] = f"http://127.0.0.1:{port}"
+    result = subprocess.run([*BRIDGE, "check"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    out = result.stdout
+    assert "ok    configuration valid" in out
+    assert "ok    world token present (not shown)" in out
+    assert "voiced: cafe-minori, cinema-aoi, haruno, ryokan-fumi" in out
+    assert f"FAIL  world http://127.0.0.1:{port} unreachable" in out
+    assert "FAIL  LLM ollama" in out
+    assert "change-me" not in out
+
+
+async def test_check_passes_when_world_and_llm_answer(tmp_path: Path) -> None:
+    async with FakeOllama() as llm:
+        env = bridge_env(
+            tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_LLM_URL=llm.url, NPC_BRIDGE_WORLD_URL=llm.url
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *BRIDGE, "check", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode()
+    assert "model elyza-jp-8b available" in out.decode()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_crashing_component_is_restarted_with_backoff() -> None:
+    runs: list[float] = []
+
+    async def flaky() -> None:
+        runs.append(asyncio.get_running_loop().time())
+        raise RuntimeError("boom")
+
+    task = asyncio.create_task(supervise("flaky", flaky, first_delay=0.05, cap=0.2))
+    await asyncio.sleep(0.6)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gaps = [b - a for a, b in itertools.pairwise(runs)]
+    assert 3 <= len(runs) <= 12
+    assert all(gap >= 0.02 for gap in gaps)  # never a tight loop
+    assert max(gaps) > min(gaps)  # the delay grows
+
+
+# ---- with a real world ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[WorldServer]:
+    if not node_available():
+        pytest.skip("node and npm are needed for the reference world")
+    server = await WorldServer.start("0.18", TOKEN)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def _start(env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *BRIDGE, "run", env=env, stdout=log_path.open("wb"), stderr=asyncio.subprocess.STDOUT
+    )
+
+
+def _events(log_path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("{")]
+
+
+@pytest.mark.world
+async def test_sigterm_shuts_down_gracefully_with_a_consented_leave(world: WorldServer, tmp_path: Path) -> None:
+    notify = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.setblocking(False)
+    async with FakeOllama() as llm:
+        llm.default = "[happy]いらっしゃいませ！ゆっくりしていってくださいね。"
+        env = bridge_env(
+            tmp_path,
+            NPC_BRIDGE_WORLD_URL=world.url,
+            NPC_BRIDGE_WORLD_TOKEN=TOKEN,
+            NPC_BRIDGE_LLM_URL=llm.url,
+            NOTIFY_SOCKET=str(notify),
+            WATCHDOG_USEC="2000000",
+        )
+        log_path = tmp_path / "bridge.log"
+        proc = await _start(env, log_path)
+        try:
+            await world.wait_for_worker(20)
+            event_id = await world.inject_talk("cafe-minori", "player-1", "こんにちは")
+            say = await world.wait_for_say(lambda p: p["replyTo"] == event_id, timeout=20)
+            assert say["text"] == "いらっしゃいませ！ゆっくりしていってくださいね。"
+            assert say["emotion"] == "happy" and say["source"] == "generated"
+            await asyncio.sleep(1.2)  # let a watchdog ping or two go out
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    record = await world.record()
+    assert [leave["consented"] for leave in record["leaves"]] == [True]
+    assert record["drops"] == []
+    messages = []
+    while True:
+        try:
+            messages.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            break
+    sock.close()
+    assert messages[0] == "READY=1"
+    assert "STATUS=joined world" in messages or any(m.startswith("STATUS=joined") for m in messages)
+    assert "WATCHDOG=1" in messages and "STOPPING=1" in messages
+    events = [e["event"] for e in _events(log_path)]
+    assert "bridge_stopped" in events and "component_crashed" not in events
+    assert TOKEN not in log_path.read_text(encoding="utf-8")
+
+
+@pytest.mark.world
+async def test_wrong_token_is_logged_as_configuration_error_without_the_token(
+    world: WorldServer, tmp_path: Path
+) -> None:
+    wrong = "wrong-token-77aa"
+    async with FakeOllama() as llm:
+        env = bridge_env(
+            tmp_path, NPC_BRIDGE_WORLD_URL=world.url, NPC_BRIDGE_WORLD_TOKEN=wrong, NPC_BRIDGE_LLM_URL=llm.url
+        )
+        log_path = tmp_path / "bridge.log"
+        proc = await _start(env, log_path)
+        try:
+            await world.wait_for(lambda record: record["authFailures"] >= 1, 20)
+            await asyncio.sleep(1.0)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    text = log_path.read_text(encoding="utf-8")
+    assert wrong not in text and TOKEN not in text
+    assert any("auth" in str(e["event"]) for e in _events(log_path))
+    # Retried slowly, not in a loop.
+    assert (await world.record())["authFailures"] <= 3
