@@ -1,0 +1,251 @@
+"use strict";
+/**
+ * Reference world room for npc-bridge tests (world-protocol.md), shared by the 0.16 and 0.18 servers.
+ *
+ * The version folders (../v016, ../v018) load their own Colyseus packages and pass them in, because
+ * this file sits outside both node_modules trees.
+ *
+ * Environment: PORT (required), WORLD_TOKEN (the worker token; never on the command line),
+ * RECONNECT_SECONDS (allowReconnection window, default 20).
+ */
+
+const http = require("http");
+
+const KNOWN_NPCS = new Set(["cafe-minori", "cinema-aoi", "ryokan-fumi", "haruno"]);
+
+function createWorld({ version, core, WebSocketTransport, express, State }) {
+  const token = process.env.WORLD_TOKEN || "";
+  const reconnectSeconds = Number(process.env.RECONNECT_SECONDS || "20");
+
+  // Everything the tests read back. Kept per process: a restart starts a new record.
+  const record = {
+    version,
+    said: [],
+    typed: [],
+    claims: [],
+    joins: [],        // {sessionId, worker, at}
+    leaves: [],       // {sessionId, worker, consented, code, at}
+    drops: [],        // {sessionId, code, at}: non-consented, reconnection allowed
+    reconnects: [],   // {sessionId, at}
+    authFailures: 0,
+    authFailuresAt: [],
+  };
+  const rooms = new Set();
+
+  function checkWorker(options) {
+    if (!options || options.worker !== true) {
+      return { player: true };
+    }
+    if (typeof options.token === "string" && options.token === token && token !== "") {
+      return { worker: true, client: String(options.client || "") };
+    }
+    record.authFailures += 1;
+    record.authFailuresAt.push(Date.now());
+    return false;
+  }
+
+  class WorldRoom extends core.Room {
+    onCreate() {
+      rooms.add(this);
+      this.autoDispose = false;
+      this.setState(new State());
+      this.workers = new Map();  // sessionId -> client
+      this.granted = new Map();  // npcId -> sessionId
+
+      this.onMessage("worker:claim", (client, payload) => {
+        if (!this.workers.has(client.sessionId)) {
+          return;
+        }
+        const ids = Array.isArray(payload && payload.npcIds) ? payload.npcIds : [];
+        const granted = [];
+        const denied = [];
+        for (const npcId of ids) {
+          if (typeof npcId !== "string" || !KNOWN_NPCS.has(npcId)) {
+            denied.push({ npcId: String(npcId), reason: "unknown npc" });
+            continue;
+          }
+          const holder = this.granted.get(npcId);
+          if (holder !== undefined && holder !== client.sessionId && this.workers.has(holder)) {
+            denied.push({ npcId, reason: "claimed by another worker" });
+            continue;
+          }
+          this.granted.set(npcId, client.sessionId);
+          granted.push(npcId);
+        }
+        record.claims.push({ sessionId: client.sessionId, npcIds: ids, scope: payload && payload.scope, at: Date.now() });
+        client.send("worker:claimed", { npcIds: granted, denied });
+      });
+
+      this.onMessage("npc:say", (client, payload) => {
+        record.said.push({ sessionId: client.sessionId, payload, at: Date.now() });
+      });
+
+      this.onMessage("npc:typing", (client, payload) => {
+        record.typed.push({ sessionId: client.sessionId, payload, at: Date.now() });
+      });
+    }
+
+    onAuth(client, options) {
+      return checkWorker(options);
+    }
+
+    onJoin(client, options) {
+      const worker = Boolean(options && options.worker);
+      if (worker) {
+        this.workers.set(client.sessionId, client);
+      }
+      record.joins.push({ sessionId: client.sessionId, worker, at: Date.now() });
+    }
+
+    // 0.18 calls onDrop for a non-consented close (when defined) and onLeave otherwise.
+    onDrop(client, code) {
+      record.drops.push({ sessionId: client.sessionId, code, at: Date.now() });
+      this.allowReconnection(client, reconnectSeconds);
+    }
+
+    onReconnect(client) {
+      if (this.workers.has(client.sessionId)) {
+        this.workers.set(client.sessionId, client);
+      }
+      record.reconnects.push({ sessionId: client.sessionId, at: Date.now() });
+    }
+
+    async onLeave(client, consentedOrCode) {
+      const consented = version === "0.16" ? consentedOrCode === true : consentedOrCode === 4000;
+      const code = version === "0.16" ? undefined : consentedOrCode;
+      if (version === "0.16" && !consented && !client.__dropped) {
+        // 0.16 has no onDrop: hold the seat here and record the drop.
+        client.__dropped = true;
+        record.drops.push({ sessionId: client.sessionId, code, at: Date.now() });
+        try {
+          const again = await this.allowReconnection(client, reconnectSeconds);
+          record.reconnects.push({ sessionId: again.sessionId, at: Date.now() });
+          this.workers.set(again.sessionId, again);
+          return;
+        } catch (e) {
+          // reconnection window expired: a real leave
+        }
+      }
+      const worker = this.workers.has(client.sessionId);
+      this.workers.delete(client.sessionId);
+      record.leaves.push({ sessionId: client.sessionId, worker, consented, code, at: Date.now() });
+    }
+
+    workerClients() {
+      return [...this.workers.values()];
+    }
+  }
+
+  // The static variant refuses a bad token at matchmaking already (HTTP 525 / 200 + 4215).
+  class StaticAuthWorldRoom extends WorldRoom {
+    static async onAuth(_token, options) {
+      return checkWorker(options);
+    }
+  }
+  // An instance onAuth next to a static one is ignored by Colyseus (with a log line): remove it.
+  StaticAuthWorldRoom.prototype.onAuth = core.Room.prototype.onAuth;
+
+  function workerClients() {
+    return [...rooms].flatMap((room) => room.workerClients());
+  }
+
+  function toWorkers(fn) {
+    const clients = workerClients();
+    clients.forEach(fn);
+    return clients.length;
+  }
+
+  function installDebugRoutes(app) {
+    const json = express.json({ limit: "64mb" });
+    const ok = (res, body) => res.json(Object.assign({ ok: true }, body || {}));
+
+    app.get("/debug/health", (req, res) => ok(res, { version, pid: process.pid }));
+    app.get("/debug/record", (req, res) => {
+      const workers = workerClients().map((c) => c.sessionId);
+      const roomIds = [...rooms].map((room) => room.roomId);
+      res.json(Object.assign({ workers, roomIds }, record));
+    });
+    app.post("/debug/talk", json, (req, res) => {
+      const b = req.body || {};
+      const payload = {
+        id: b.id || `evt-${Date.now()}-${Math.floor(Math.random() * 1e6)}`,
+        npcId: b.npcId,
+        playerId: b.playerId,
+        playerName: b.playerName || "旅人1",
+        text: b.text,
+        at: b.at === undefined ? Date.now() : b.at,
+      };
+      ok(res, { sent: toWorkers((c) => c.send("npc:talk", payload)), id: payload.id });
+    });
+    app.post("/debug/event", json, (req, res) => {
+      const b = req.body || {};
+      const payload = {
+        npcId: b.npcId,
+        playerId: b.playerId === undefined ? null : b.playerId,
+        kind: b.kind || "greet",
+        text: b.text || "",
+        at: b.at === undefined ? Date.now() : b.at,
+      };
+      ok(res, { sent: toWorkers((c) => c.send("npc:event", payload)) });
+    });
+    app.post("/debug/left", json, (req, res) => {
+      const b = req.body || {};
+      const payload = { playerId: b.playerId, at: b.at === undefined ? Date.now() : b.at };
+      ok(res, { sent: toWorkers((c) => c.send("player:left", payload)) });
+    });
+    // Any type and payload, as Colyseus encodes them (malformed payloads, unknown types, big texts).
+    app.post("/debug/send", json, (req, res) => {
+      const b = req.body || {};
+      ok(res, { sent: toWorkers((c) => c.send(b.type, b.payload)) });
+    });
+    // Raw bytes (hex) straight onto the worker sockets: broken frames.
+    app.post("/debug/raw", json, (req, res) => {
+      const bytes = Buffer.from(String((req.body || {}).hex || ""), "hex");
+      ok(res, { sent: toWorkers((c) => c.raw(bytes)) });
+    });
+    // A big room state: every client receives it as a state patch.
+    app.post("/debug/state", json, (req, res) => {
+      const size = Number((req.body || {}).bytes || 0);
+      rooms.forEach((room) => { room.state.blob = "x".repeat(size); });
+      ok(res, { size });
+    });
+    // Cut the worker sockets without a close frame: a drop the room may allow reconnection for.
+    app.post("/debug/drop", json, (req, res) => {
+      ok(res, { sent: toWorkers((c) => c.ref.terminate()) });
+    });
+  }
+
+  return { WorldRoom, StaticAuthWorldRoom, installDebugRoutes, record };
+}
+
+async function main(modules) {
+  const { version, core, WebSocketTransport, express } = modules;
+  const port = Number(process.env.PORT);
+  if (!port) {
+    throw new Error("PORT is required");
+  }
+  const world = createWorld(modules);
+
+  let server;
+  if (version === "0.16") {
+    const app = express();
+    world.installDebugRoutes(app);
+    const httpServer = http.createServer(app);
+    server = new core.Server({ transport: new WebSocketTransport({ server: httpServer }), greet: false });
+  } else {
+    server = new core.Server({
+      transport: new WebSocketTransport(),
+      express: (app) => world.installDebugRoutes(app),
+      greet: false,
+    });
+  }
+  server.define("world", world.WorldRoom);
+  server.define("world_static", world.StaticAuthWorldRoom);
+  await server.listen(port, "127.0.0.1");
+  // Create the room up front so debug injections work before the first join.
+  await core.matchMaker.createRoom("world", {});
+  await core.matchMaker.createRoom("world_static", {});
+  console.log(`LISTENING ${port} colyseus ${version}`);
+}
+
+module.exports = { createWorld, main, KNOWN_NPCS };
