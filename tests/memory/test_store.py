@@ -1,0 +1,201 @@
+"""The memory files: atomic writes, corrupt files set aside, the limit, pending across restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from bridge.errors import MemoryStoreError
+from bridge.memory.models import PendingLine
+from bridge.memory.store import MemoryStore
+
+JST = timezone(timedelta(hours=9))
+AT = datetime(2026, 9, 29, 21, 12, 40, tzinfo=JST)
+
+
+def line(n: int) -> PendingLine:
+    return PendingLine(player=f"プレイヤーの言葉{n}", npc=f"店員の返事{n}", at=AT + timedelta(seconds=n))
+
+
+def files_in(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir())
+
+
+async def test_the_file_has_the_documented_shape(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    await store.add_memories("cafe-minori", ["ユーザーはコーヒーではなく紅茶を好む"], AT, "extraction")
+    await store.append_pending(
+        "cafe-minori", PendingLine(player="ここの紅茶がすきなんだよ", npc="紅茶、お好きなんですね。", at=AT)
+    )
+    data = json.loads((tmp_path / "cafe-minori.json").read_text(encoding="utf-8"))
+    assert data == {
+        "version": 1,
+        "npc_id": "cafe-minori",
+        "memories": [
+            {
+                "text": "ユーザーはコーヒーではなく紅茶を好む",
+                "heard_at": "2026-09-29T21:12:40+09:00",
+                "source": "extraction",
+            }
+        ],
+        "pending": [
+            {
+                "player": "ここの紅茶がすきなんだよ",
+                "npc": "紅茶、お好きなんですね。",
+                "at": "2026-09-29T21:12:40+09:00",
+            }
+        ],
+    }
+
+
+async def test_writes_leave_no_temporary_file_and_the_file_is_always_valid_json(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    seen_invalid: list[str] = []
+    stop = asyncio.Event()
+
+    async def reader() -> None:
+        # Read the file as another process would, over and over, while the writes go on.
+        path = tmp_path / "cafe-minori.json"
+        while not stop.is_set():
+            if path.exists():
+                text = await asyncio.to_thread(path.read_text, encoding="utf-8")
+                try:
+                    json.loads(text)
+                except ValueError:
+                    seen_invalid.append(text)
+            await asyncio.sleep(0)
+
+    reading = asyncio.create_task(reader())
+    await asyncio.gather(*(store.append_pending("cafe-minori", line(n)) for n in range(40)))
+    stop.set()
+    await reading
+    assert seen_invalid == []
+    assert files_in(tmp_path) == ["cafe-minori.json"]
+    assert len(await MemoryStore(tmp_path, limit=60).pending("cafe-minori")) == 40
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_write(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    task = asyncio.create_task(store.append_pending("cafe-minori", line(1)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await store.flush(5.0)
+    assert len(await MemoryStore(tmp_path, limit=60).pending("cafe-minori")) == 1
+    assert files_in(tmp_path) == ["cafe-minori.json"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        '{"version": 1, "npc_id": "cafe-minori", "memories": [{"text": "x"}]}',
+        '{"version": 2, "npc_id": "cafe-minori"}',
+        '{"version": 1, "npc_id": "cafe-minori", "pending": '
+        '[{"player": "a", "npc": "b", "at": "2026-09-29T21:12:40"}]}',  # a time without its offset
+        "[]",
+    ],
+)
+async def test_a_corrupt_file_is_moved_aside_and_the_npc_starts_empty(tmp_path: Path, content: str) -> None:
+    (tmp_path / "cafe-minori.json").write_text(content, encoding="utf-8")
+    store = MemoryStore(tmp_path, limit=60)
+    with capture_logs() as logs:
+        assert await store.memories("cafe-minori") == ()
+    corrupt = [entry for entry in logs if entry["event"] == "memory_file_corrupt"]
+    assert len(corrupt) == 1 and corrupt[0]["log_level"] == "error"
+    assert corrupt[0]["path"] == str(tmp_path / "cafe-minori.json")
+    names = files_in(tmp_path)
+    assert len(names) == 1 and names[0].startswith("cafe-minori.json.corrupt-")
+    assert (tmp_path / names[0]).read_text(encoding="utf-8") == content  # kept for a person to look at
+
+    await store.add_memories("cafe-minori", ["ユーザーは紅茶が好き"], AT, "extraction")
+    reopened = MemoryStore(tmp_path, limit=60)
+    assert [m.text for m in await reopened.memories("cafe-minori")] == ["ユーザーは紅茶が好き"]
+
+
+async def test_past_the_limit_the_oldest_memories_are_forgotten(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    for n in range(58):
+        await store.add_memories("cafe-minori", [f"ユーザーの記憶{n}"], AT, "extraction")
+    await store.add_memories(
+        "cafe-minori", ["ユーザーの記憶58", "ユーザーの記憶59", "ユーザーの記憶60"], AT, "extraction"
+    )
+    texts = [m.text for m in await MemoryStore(tmp_path, limit=60).memories("cafe-minori")]
+    assert len(texts) == 60
+    assert texts[0] == "ユーザーの記憶1"
+    assert texts[-1] == "ユーザーの記憶60"
+
+
+async def test_pending_survives_a_new_store(tmp_path: Path) -> None:
+    await MemoryStore(tmp_path, limit=60).append_pending("cafe-minori", line(1))
+    reopened = MemoryStore(tmp_path, limit=60)
+    assert await reopened.pending("cafe-minori") == (line(1),)
+    assert await reopened.npc_ids_with_pending() == ["cafe-minori"]
+
+
+async def test_clear_pending_keeps_lines_noted_after_the_extraction_began(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    await store.append_pending("cafe-minori", line(1))
+    await store.append_pending("cafe-minori", line(2))
+    taken = len(await store.pending("cafe-minori"))
+    await store.append_pending("cafe-minori", line(3))  # said while the extraction ran
+    await store.clear_pending("cafe-minori", taken)
+    assert await MemoryStore(tmp_path, limit=60).pending("cafe-minori") == (line(3),)
+
+
+async def test_recent_gives_the_newest_oldest_first(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    await store.add_memories("cafe-minori", [f"ユーザーの記憶{n}" for n in range(5)], AT, "extraction")
+    assert [m.text for m in await store.recent("cafe-minori", 2)] == ["ユーザーの記憶3", "ユーザーの記憶4"]
+    assert await store.recent("cafe-minori", 0) == ()
+
+
+async def test_forget_one_or_all(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    await store.add_memories(
+        "cafe-minori", ["ユーザーの記憶0", "ユーザーの記憶1", "ユーザーの記憶2"], AT, "extraction"
+    )
+    assert await store.forget("cafe-minori", 1) == 1
+    assert [m.text for m in await store.memories("cafe-minori")] == ["ユーザーの記憶0", "ユーザーの記憶2"]
+    with pytest.raises(IndexError):
+        await store.forget("cafe-minori", 5)
+    assert await store.forget("cafe-minori", None) == 2
+    assert await MemoryStore(tmp_path, limit=60).memories("cafe-minori") == ()
+
+
+async def test_each_npc_has_its_own_file(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    await store.add_memories("cafe-minori", ["ユーザーは紅茶が好き"], AT, "extraction")
+    await store.append_pending("ryokan-fumi", line(1))
+    assert await store.memories("ryokan-fumi") == ()
+    assert await store.pending("cafe-minori") == ()
+    assert files_in(tmp_path) == ["cafe-minori.json", "ryokan-fumi.json"]
+    assert await MemoryStore(tmp_path, limit=60).npc_ids_with_pending() == ["ryokan-fumi"]
+
+
+@pytest.mark.parametrize("npc_id", ["../etc", "Cafe", "", "a/b"])
+async def test_an_id_that_is_not_a_safe_file_name_is_refused(tmp_path: Path, npc_id: str) -> None:
+    with pytest.raises(MemoryStoreError):
+        await MemoryStore(tmp_path, limit=60).append_pending(npc_id, line(1))
+
+
+async def test_the_memory_folder_is_created_on_first_write(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path / "state" / "memory", limit=60)
+    assert await store.npc_ids_with_pending() == []
+    await store.append_pending("cafe-minori", line(1))
+    assert (tmp_path / "state" / "memory" / "cafe-minori.json").is_file()
+
+
+async def test_times_keep_their_offset(tmp_path: Path) -> None:
+    store = MemoryStore(tmp_path, limit=60)
+    await store.add_memories(
+        "cafe-minori", ["ユーザーは紅茶が好き"], datetime(2026, 9, 29, 12, tzinfo=UTC), "inline"
+    )
+    data = json.loads((tmp_path / "cafe-minori.json").read_text(encoding="utf-8"))
+    assert data["memories"][0]["heard_at"] == "2026-09-29T12:00:00+00:00"
