@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -219,7 +219,7 @@ class FakeLLMServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> FakeLLMServer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

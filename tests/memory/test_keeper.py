@@ -141,7 +141,12 @@ async def test_an_extraction_with_zero_memories_clears_the_pending_conversation(
 async def test_lines_noted_during_an_extraction_are_kept_for_the_next_one(
     tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend
 ) -> None:
-    ollama.script(Answer.text(TEA, first_delay_seconds=0.4), '{"memories": ["ユーザーは猫を飼っている"]}')
+    # The second answer is slow too, so the line noted during the first extraction is still pending
+    # when the test looks, even on a loaded machine.
+    ollama.script(
+        Answer.text(TEA, first_delay_seconds=0.4),
+        Answer.text('{"memories": ["ユーザーは猫を飼っている"]}', first_delay_seconds=1.0),
+    )
     async with running(make_keeper(tmp_path, backend)) as keeper:
         await keeper.note_exchange("cafe-minori", player="紅茶がすき", npc="はい。", at=AT)
         await ollama.wait_for_requests(1)
