@@ -226,7 +226,7 @@ class MemoryKeeper:
                 async with asyncio.timeout(RECALL_TIMEOUT_SECONDS):
                     found = await shared.recall(query, limit=RECALL_LIMIT)
             except (MemoryStoreError, TimeoutError) as exc:
-                log.warning("shared_memory_recall_failed", npc_id=npc_id, error=type(exc).__name__)
+                log.warning("shared_memory_recall_failed", npc=npc_id, error=type(exc).__name__)
                 return []
             return [
                 format_memory_line(item.text, _parse_time(item.created_at), self._zone)
@@ -236,7 +236,7 @@ class MemoryKeeper:
         try:
             recent = await self._store.recent(npc_id, self._settings.memory_recall)
         except MemoryStoreError as exc:
-            log.error("memory_recall_failed", npc_id=npc_id, error=str(exc))
+            log.error("memory_recall_failed", npc=npc_id, error=str(exc))
             return []
         return [format_memory_line(item.text, item.heard_at, self._zone) for item in recent]
 
@@ -254,7 +254,7 @@ class MemoryKeeper:
         known = [item.text for item in current.memories] + [item.text for item in current.outbox]
         texts, rejections = check_candidates(candidates, kept=known, rules=self._rules)
         for rejection in rejections:
-            log.info("memory_rejected", npc_id=npc_id, rule=rejection.rule, **self._content(rejection.text))
+            log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **self._content(rejection.text))
         return texts
 
     async def _store_kept(
@@ -274,7 +274,7 @@ class MemoryKeeper:
         for text in texts:
             log.info(
                 "memory_kept",
-                npc_id=npc_id,
+                npc=npc_id,
                 source=source,
                 backend="shared" if shared else "file",
                 **self._content(text),
@@ -290,7 +290,7 @@ class MemoryKeeper:
                 self._warned_unconfigured.add(npc_id)
                 log.warning(
                     "shared_memory_unconfigured",
-                    npc_id=npc_id,
+                    npc=npc_id,
                     detail="NPC_BRIDGE_SHARED_MEMORY_URL is not set: using the local memory file",
                 )
             return None
@@ -321,20 +321,20 @@ class MemoryKeeper:
                 except (LLMError, TimeoutError, MemoryStoreError) as exc:
                     log.warning(
                         "memory_extraction_failed",
-                        npc_id=npc_id,
+                        npc=npc_id,
                         error=type(exc).__name__,
                         detail=str(exc)[:200],
                         attempt=failures + 1,
                     )
                     outcome = _Outcome.RETRY
                 except Exception:  # a bug: logged with its traceback, and the lines stay for a later try
-                    log.exception("memory_extraction_crashed", npc_id=npc_id)
+                    log.exception("memory_extraction_crashed", npc=npc_id)
                     outcome = _Outcome.RETRY
                 if outcome is _Outcome.RETRY:
                     failures += 1
                     delay = backoff_seconds(failures, base=self._retry_base, cap=self._retry_cap)
                     self._deadlines[npc_id] = max(self._deadlines.get(npc_id, 0.0), loop.time() + delay)
-                    log.info("memory_extraction_retry", npc_id=npc_id, in_seconds=round(delay, 1))
+                    log.info("memory_extraction_retry", npc=npc_id, in_seconds=round(delay, 1))
                     continue
                 failures = 0
                 # No await between this check and leaving: a line noted later starts a new task.
@@ -360,7 +360,7 @@ class MemoryKeeper:
         model = (character.llm.model if character else None) or self._settings.llm_model
         lane = character.llm.lane if character else None
         async with self._gate.slot(Priority.EXTRACTION):
-            log.info("memory_extraction_started", npc_id=npc_id, lines=taken)
+            log.info("memory_extraction_started", npc=npc_id, lines=taken)
             candidates = await extract(
                 self._backend,
                 lines,
@@ -373,19 +373,19 @@ class MemoryKeeper:
         if candidates is None:
             tries = self._unparseable[npc_id] = self._unparseable.get(npc_id, 0) + 1
             if tries < MAX_UNPARSEABLE_TRIES:
-                log.warning("memory_extraction_unparseable", npc_id=npc_id, tries=tries)
+                log.warning("memory_extraction_unparseable", npc=npc_id, tries=tries)
                 return _Outcome.RETRY
             await self._store.clear_pending(npc_id, taken)
             self._unparseable.pop(npc_id, None)
             log.warning(
-                "memory_pending_dropped", npc_id=npc_id, lines=taken, tries=tries, reason="unparseable"
+                "memory_pending_dropped", npc=npc_id, lines=taken, tries=tries, reason="unparseable"
             )
             return _Outcome.DONE
         self._unparseable.pop(npc_id, None)
         async with self._keeping.setdefault(npc_id, asyncio.Lock()):
             kept = await self._check(npc_id, candidates)
             await self._store_kept(npc_id, kept, heard_at=heard_at, source=SOURCE_EXTRACTION, taken=taken)
-        log.info("memory_extracted", npc_id=npc_id, lines=taken, candidates=len(candidates), kept=len(kept))
+        log.info("memory_extracted", npc=npc_id, lines=taken, candidates=len(candidates), kept=len(kept))
         return _Outcome.DONE
 
     # --- the shared service's outbox -----------------------------------------------------------
@@ -416,20 +416,20 @@ class MemoryKeeper:
                     if isinstance(exc, MemoryStoreError):
                         log.warning(
                             "shared_memory_save_failed",
-                            npc_id=npc_id,
+                            npc=npc_id,
                             error=type(exc).__name__,
                             detail=str(exc)[:200],
                             waiting=len(waiting),
                             retry_in_seconds=round(delay, 1),
                         )
                     else:  # a bug: logged with its traceback; the memory stays queued
-                        log.exception("shared_memory_save_crashed", npc_id=npc_id)
+                        log.exception("shared_memory_save_crashed", npc=npc_id)
                     await asyncio.sleep(delay)
                     continue
                 # Only this task removes from the outbox, and only from its head: that is `first`.
                 await self._store.remove_outbox(npc_id, 1)
                 failures = 0
-                log.info("shared_memory_saved", npc_id=npc_id, **self._content(first.text))
+                log.info("shared_memory_saved", npc=npc_id, **self._content(first.text))
         finally:
             if self._deliveries.get(npc_id) is asyncio.current_task():
                 del self._deliveries[npc_id]

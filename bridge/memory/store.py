@@ -112,7 +112,7 @@ class MemoryStore:
             moved_to=str(aside),
             error=type(error).__name__,
             detail=str(error)[:200],
-            npc_id=npc_id,
+            npc=npc_id,
         )
         return MemoryFile.empty(npc_id)
 
@@ -155,7 +155,7 @@ class MemoryStore:
             try:
                 loaded.append(await self.load(npc_id))
             except MemoryStoreError as exc:  # one broken file must not stop the others' start-up
-                log.error("memory_file_unreadable", npc_id=npc_id, error=str(exc))
+                log.error("memory_file_unreadable", npc=npc_id, error=str(exc))
         return loaded
 
     # --- changing ------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ class MemoryStore:
         def change(f: MemoryFile) -> MemoryFile:
             memories = (*f.memories, *added)
             if len(memories) > self.limit:
-                log.info("memory_forgotten", npc_id=npc_id, count=len(memories) - self.limit, reason="limit")
+                log.info("memory_forgotten", npc=npc_id, count=len(memories) - self.limit, reason="limit")
                 memories = memories[-self.limit :]
             return f.model_copy(
                 update={

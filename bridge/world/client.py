@@ -179,7 +179,7 @@ class WorldLink:
         """Send `npc:typing`; dropped (debug log) while disconnected."""
         if self.connected and await self._send(message.type_name, message.payload()):
             return
-        log.debug("world_typing_dropped", npc_id=message.npc_id, reason="disconnected")
+        log.debug("world_typing_dropped", npc=message.npc_id, reason="disconnected")
 
     async def leave(self) -> None:
         """Leave the room with consent (LEAVE_ROOM) and stop; `run()` then returns."""
@@ -420,10 +420,10 @@ class WorldLink:
             self._on_claimed(message)
         elif isinstance(message, Talk | NpcEvent):
             if message.npc_id not in self.granted:
-                self._ignored("npc_not_granted", message_type, npc_id=message.npc_id)
+                self._ignored("npc_not_granted", message_type, npc=message.npc_id)
                 return
             if isinstance(message, Talk) and len(message.text) > MAX_TALK_CHARS:
-                log.info("world_talk_truncated", npc_id=message.npc_id, chars=len(message.text))
+                log.info("world_talk_truncated", npc=message.npc_id, chars=len(message.text))
                 message = message.model_copy(update={"text": message.text[:MAX_TALK_CHARS]})
             self._deliver(message)
         elif isinstance(message, PlayerLeft):
@@ -441,7 +441,7 @@ class WorldLink:
             **({"unasked": unasked} if unasked else {}),
         )
         for denied in claimed.denied:
-            log.warning("world_npc_denied", npc_id=denied.npc_id, reason=denied.reason[:200])
+            log.warning("world_npc_denied", npc=denied.npc_id, reason=denied.reason[:200])
 
     def _deliver(self, message: WorldInput) -> None:
         try:
@@ -484,7 +484,7 @@ class WorldLink:
         # Drop whole characters from the end until the UTF-8 size fits.
         encoded = text.encode("utf-8")
         cut = encoded[: max(1, len(encoded) - excess)].decode("utf-8", errors="ignore") or text[:1]
-        log.warning("world_say_truncated", npc_id=message.npc_id, frame_bytes=frame_bytes)
+        log.warning("world_say_truncated", npc=message.npc_id, frame_bytes=frame_bytes)
         return message.model_copy(update={"text": cut})
 
     def _buffer_say(self, message: Say) -> None:
@@ -493,11 +493,11 @@ class WorldLink:
             log.warning(
                 "world_say_dropped",
                 reason="buffer_full",
-                npc_id=oldest.message.npc_id,
+                npc=oldest.message.npc_id,
                 reply_to=oldest.message.reply_to,
             )
         self._says.append(_Buffered(message=message, since=self._clock()))
-        log.info("world_say_kept", npc_id=message.npc_id, reply_to=message.reply_to, kept=len(self._says))
+        log.info("world_say_kept", npc=message.npc_id, reply_to=message.reply_to, kept=len(self._says))
 
     async def _flush_says(self, ws: ClientConnection) -> None:
         """Send the replies kept while disconnected, oldest first; drop the stale ones."""
@@ -509,7 +509,7 @@ class WorldLink:
                 log.warning(
                     "world_say_dropped",
                     reason="stale",
-                    npc_id=kept.message.npc_id,
+                    npc=kept.message.npc_id,
                     reply_to=kept.message.reply_to,
                     age_s=round(age, 3),
                 )
@@ -517,7 +517,7 @@ class WorldLink:
             if not await self._send_on(ws, kept.message):
                 return  # closed again: keep the rest for the next join
             self._says.popleft()
-            log.info("world_say_sent_late", npc_id=kept.message.npc_id, reply_to=kept.message.reply_to)
+            log.info("world_say_sent_late", npc=kept.message.npc_id, reply_to=kept.message.reply_to)
 
     # ------------------------------------------------------------ helpers
 

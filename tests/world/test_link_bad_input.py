@@ -101,7 +101,7 @@ async def test_talk_for_an_npc_the_bridge_did_not_claim_is_ignored(world: WorldS
         with capture_logs() as logs:
             await world.inject_talk("cinema-aoi", "player-1", "こんにちは")  # known to the world, not ours
             await h.no_event()
-    assert [(e["reason"], e["npc_id"]) for e in logs if e["event"] == "world_message_ignored"] == [
+    assert [(e["reason"], e.get("npc")) for e in logs if e["event"] == "world_message_ignored"] == [
         ("npc_not_granted", "cinema-aoi")
     ]
 

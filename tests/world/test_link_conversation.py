@@ -82,7 +82,7 @@ async def test_denied_npc_is_logged_and_its_talk_ignored(world: WorldServer) -> 
     assert claimed[0]["granted"] == ["cafe-minori"]
     assert claimed[0]["denied"] == [{"npc_id": "ghost-npc", "reason": "unknown npc"}]
     ignored = [e for e in logs if e["event"] == "world_message_ignored"]
-    assert [(e["reason"], e["type"], e["npc_id"]) for e in ignored] == [("npc_not_granted", "npc:talk", "ghost-npc")]
+    assert [(e["reason"], e["type"], e["npc"]) for e in ignored] == [("npc_not_granted", "npc:talk", "ghost-npc")]
 
 
 async def test_talk_of_250_characters_arrives_cut_to_200(world: WorldServer) -> None:
@@ -95,7 +95,7 @@ async def test_talk_of_250_characters_arrives_cut_to_200(world: WorldServer) -> 
     assert isinstance(talk, Talk)
     assert talk.text == text[:200]
     truncated = [e for e in logs if e["event"] == "world_talk_truncated"]
-    assert truncated == [{"event": "world_talk_truncated", "npc_id": "cafe-minori", "chars": 250, "log_level": "info"}]
+    assert truncated == [{"event": "world_talk_truncated", "npc": "cafe-minori", "chars": 250, "log_level": "info"}]
 
 
 async def test_graceful_leave_is_a_consented_leave_and_ends_run_and_events(world: WorldServer) -> None:
