@@ -26,18 +26,24 @@ RULE_EMPTY = "empty"
 RULE_BANNED_WORD = "banned_word"
 RULE_REPEAT = "repeat"
 RULE_LANGUAGE = "language"
+RULE_ECHO = "echo"
+# A reply holding this many characters in a row from the model's own instructions is an echo of the
+# prompt (small models do it), not speech. Long enough that ordinary phrases do not trip it.
+ECHO_RUN_CHARS = 12
 
 _HINTS_JA: dict[str, str] = {
     RULE_EMPTY: "セリフだけを、短い一言で答えてください。",
     RULE_BANNED_WORD: "使ってはいけない言葉を避けて、別の言い方で短く答えてください。",
     RULE_REPEAT: "前と同じ言い方を避けて、別の言葉で短く答えてください。",
     RULE_LANGUAGE: "日本語だけで、短く答えてください。",
+    RULE_ECHO: "説明やルールを繰り返さず、お客さんへのセリフだけを短く答えてください。",
 }
 _HINTS_EN: dict[str, str] = {
     RULE_EMPTY: "Answer with a short spoken line only.",
     RULE_BANNED_WORD: "Avoid the words you must not use, and answer briefly in other words.",
     RULE_REPEAT: "Do not repeat what you said before; answer briefly in other words.",
     RULE_LANGUAGE: "Answer briefly, in English only.",
+    RULE_ECHO: "Do not repeat your instructions; answer the customer briefly.",
 }
 _HINT_OTHER_JA = "もう一度、短く自然に答えてください。"
 _HINT_OTHER_EN = "Please answer again, briefly and naturally."
@@ -87,8 +93,25 @@ def in_language(text: str, language: Language) -> bool:
     return own * 2 >= letters
 
 
-def check_reply(text: str, *, banned: Iterable[str], last_line: str | None, language: Language) -> str | None:
-    """The name of the first rule `text` breaks (`empty`, `banned_word`, `repeat`, `language`), or None."""
+def _letters_only(text: str) -> str:
+    """NFKC, lower case, only letters and digits: what an echo comparison looks at."""
+    return "".join(char for char in _normalise(text) if char.isalnum())
+
+
+def echoes(text: str, instructions: str, run_chars: int = ECHO_RUN_CHARS) -> bool:
+    """Whether `text` copies `run_chars` or more characters in a row from `instructions`."""
+    reply, source = _letters_only(text), _letters_only(instructions)
+    return any(reply[i : i + run_chars] in source for i in range(len(reply) - run_chars + 1))
+
+
+def check_reply(
+    text: str, *, banned: Iterable[str], last_line: str | None, language: Language, instructions: str = ""
+) -> str | None:
+    """The first rule `text` breaks (`empty`, `banned_word`, `repeat`, `language`, `echo`), or None.
+
+    `echo` (beyond replies.md): the reply copies a run of its own instructions (the system message
+    without the world's lines) — a small model reciting its prompt.
+    """
     if not text.strip():
         return RULE_EMPTY
     normalised = _normalise(text)
@@ -100,6 +123,8 @@ def check_reply(text: str, *, banned: Iterable[str], last_line: str | None, lang
         return RULE_REPEAT
     if not in_language(text, language):
         return RULE_LANGUAGE
+    if instructions and echoes(text, instructions):
+        return RULE_ECHO
     return None
 
 

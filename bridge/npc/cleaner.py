@@ -8,6 +8,8 @@ Everything the model returns is untrusted text. `clean` runs the six steps of th
    `Assistant:` alone on the first line) is removed, not cut after. Beyond the letter: a leading
    `Assistant:` / `model:` label followed by text on the same line is removed too.
    A marker at the very start leaves nothing: the reply is empty and the checks regenerate it.
+   Beyond the letter: a markdown heading line (`# 話し方のルール`) is a cut point too — a model
+   that starts one is writing a document or echoing its prompt, not speaking.
 2. Cut from a line or sentence that starts with another speaker's name and `:`/`：` (optionally with
    `さん`/`様` and leading `[…]` tags). The other speakers are the caller's list (player name, other
    voiced characters' `name` and `speaker_name`) plus `ユーザー`, `User`, `プレイヤー`, always added
@@ -62,6 +64,10 @@ _TEMPLATE_MARKER = re.compile(
     r"<\||</?(?:assistant|user|system)|<end_of_turn>|<start_of_turn>|</s>|<s>|\[INST\]|<<SYS>>",
     re.IGNORECASE,
 )
+# A markdown heading line: the model is echoing its prompt or writing a document.
+_HEADING = re.compile(r"(?m)^[ \t\u3000]*#{1,6}[ \t\u3000]")
+# A list marker at a line start ("- 日本語で答える。"): speech has no bullets.
+_LIST_MARKER = re.compile(r"(?m)^[ \t\u3000]*(?:[-‐－•][ \t\u3000]+|・[ \t\u3000]*)")
 # "assistant" / "model" alone on the first line, or as a label with a colon.
 _ROLE_HEADER = re.compile(r"\A\s*(?:assistant|model)[ \t\u3000]*(?:[:：]\s*|\n\s*|\Z)", re.IGNORECASE)
 
@@ -154,10 +160,10 @@ def _own_prefix(own_names: Sequence[str]) -> re.Pattern[str] | None:
 def _cut_markers(raw: str) -> tuple[str, bool]:
     """Step 1."""
     text = _ROLE_HEADER.sub("", raw, count=1)
-    marker = _TEMPLATE_MARKER.search(text)
-    if marker is None:
+    cuts = [found.start() for found in (_TEMPLATE_MARKER.search(text), _HEADING.search(text)) if found]
+    if not cuts:
         return text, False
-    return text[: marker.start()], True
+    return text[: min(cuts)], True
 
 
 def _cut_other_speakers(text: str, label: re.Pattern[str] | None) -> tuple[str, bool]:
@@ -284,6 +290,7 @@ def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str]) -> 
     text, cut_speaker = _cut_other_speakers(text, _other_label(own_names, other_speakers))
     text, emotion = _take_emotion(text)
     text = _remove_stage_directions(text)
+    text = _LIST_MARKER.sub("", text)
     text = _speaker_and_quotes(text, _own_prefix(own_names))
     # Again, for narration that stood alone only once the prefix was gone ("みのり：（微笑む）はい。").
     text = _tidy_whitespace(_drop_narration(text))

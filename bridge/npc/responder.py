@@ -15,7 +15,7 @@ from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest, Gene
 from bridge.npc.characters import Character, Roster
 from bridge.npc.checks import check_reply, regeneration_hint
 from bridge.npc.cleaner import clean, has_enough, split_inline_memory
-from bridge.npc.prompt import Exchange, build_reply_messages
+from bridge.npc.prompt import Exchange, build_reply_messages, system_message
 from bridge.settings import Settings
 from bridge.world.messages import Emotion, ReplySource
 
@@ -108,6 +108,10 @@ class Responder:
             async with asyncio.timeout_at(deadline):
                 history = list(context.history)
                 hint: str | None = None
+                # The world's lines are left out: repeating what the world just said is not an echo.
+                instructions = system_message(
+                    character, max_sentences=self._settings.reply_max_sentences, world_lines=()
+                )
                 for source in ("generated", "regenerated"):
                     attempt = await self._generate(context, history=history, hint=hint, deadline=deadline)
                     spoken, memory_lines = (
@@ -127,6 +131,7 @@ class Responder:
                         banned=(*self._banned_global, *character.banned),
                         last_line=context.last_said,
                         language=character.speech.language,
+                        instructions=instructions,
                     )
                     log.info(
                         "reply_attempt",

@@ -83,3 +83,28 @@ def test_each_rule_has_a_short_japanese_hint(rule: str, hint: str) -> None:
 
 def test_an_english_character_gets_an_english_hint() -> None:
     assert regeneration_hint("language", language="en") == "Answer briefly, in English only."
+
+
+INSTRUCTIONS = "あなたは3Dの街にいるキャラクターとして、話しかけてきた相手（お客さん）と会話します。"
+
+
+def test_reply_reciting_its_instructions_is_an_echo() -> None:
+    reply = "あなたは3Dの街にいるキャラクターとして会話します。"
+    assert check_reply(reply, banned=(), last_line=None, language="ja", instructions=INSTRUCTIONS) == "echo"
+
+
+def test_eleven_copied_characters_are_not_an_echo_but_twelve_are() -> None:
+    eleven = "話しかけてきた相手お客さ"[:11]
+    twelve = "話しかけてきた相手お客さ"
+    assert check_reply(eleven + "ですね。", banned=(), last_line=None, language="ja", instructions=INSTRUCTIONS) is None
+    rule = check_reply(twelve + "ですね。", banned=(), last_line=None, language="ja", instructions=INSTRUCTIONS)
+    assert rule == "echo"
+
+
+def test_echo_ignores_punctuation_and_width() -> None:
+    reply = "あなたは３Ｄの街にいる、キャラクター。"
+    assert check_reply(reply, banned=(), last_line=None, language="ja", instructions=INSTRUCTIONS) == "echo"
+
+
+def test_echo_has_a_regeneration_hint() -> None:
+    assert "繰り返さず" in regeneration_hint("echo")

@@ -389,3 +389,23 @@ def test_inline_memory_never_reaches_the_spoken_line() -> None:
     )
     assert _clean(spoken) == Cleaned(text="おかえり！今日はどうだった？", emotion="happy", sentences=2)
     assert memories == ["ユーザーは紅茶が好き"]
+
+
+# --- prompt echo seen from a real small model (Gemma 3 270M in the e2e tests) ----------------------
+
+
+def test_markdown_heading_is_a_cut_point() -> None:
+    raw = "あなたもこの紅茶が好きなんですね。\n# 話し方のルール\n- 日本語で答える。"
+    assert _clean(raw).text == "あなたもこの紅茶が好きなんですね。"
+
+
+def test_heading_stops_the_stream() -> None:
+    assert has_enough("紅茶ですね\n# 話し方", own_names=OWN, other_speakers=(), max_sentences=2)
+
+
+def test_list_markers_at_line_starts_are_removed() -> None:
+    assert _clean("- 紅茶ですね。\n・おいしいですよ。").text == "紅茶ですね。おいしいですよ。"
+
+
+def test_hash_inside_a_sentence_is_not_a_heading() -> None:
+    assert _clean("今日の席は#3番です。").text == "今日の席は#3番です。"
