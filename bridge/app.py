@@ -184,7 +184,11 @@ class App:
         self.notifier.stopping()
         self.notifier.status("shutting down")
         started = time.monotonic()
-        await self.dispatcher.drain(SHUTDOWN_GRACE_SECONDS)
+        try:
+            await self.dispatcher.drain(SHUTDOWN_GRACE_SECONDS)
+        except Exception:
+            # A bug here must not keep the rest of shutdown (the consented leave) from running.
+            log.exception("shutdown_drain_failed")
         try:
             async with asyncio.timeout(MEMORY_FLUSH_SECONDS):
                 await self.memory.flush(MEMORY_FLUSH_SECONDS)

@@ -218,6 +218,8 @@ class Dispatcher:
                 except TimeoutError:
                     # Shutdown shortened the deadline (see drain): still answer.
                     reply = self._responder.fallback(character, error="shutdown")
+                finally:
+                    queue.scope = None
             await self._say(character, line, reply, started=started, waited_ms=waited_ms)
         finally:
             structlog.contextvars.unbind_contextvars("npc", "player", "event_id")

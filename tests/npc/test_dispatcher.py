@@ -285,3 +285,13 @@ async def test_drain_answers_the_reply_in_flight_with_a_fallback_after_the_grace
     await rig.dispatcher.drain(0.3)
     assert time.monotonic() - started < 2.0
     assert [(s.reply_to, s.source) for s in rig.world.says] == [(line.id, "fallback")]
+
+
+async def test_drain_right_after_a_say_while_memory_is_noted_is_quiet(rig: Rig) -> None:
+    rig.server.default = "いらっしゃいませ。"
+    await rig.dispatcher.handle(talk("cafe-minori", "alice", "こんにちは"))
+    await rig.world.wait_says(1)
+    # The worker is still writing the exchange to the memory file: its reply's deadline scope has
+    # ended and must not be rescheduled.
+    await rig.dispatcher.drain(0.3)
+    assert len(rig.world.says) == 1
