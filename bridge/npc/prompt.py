@@ -110,9 +110,27 @@ def _world_section(world_lines: Sequence[str]) -> str | None:
     return "\n".join([heading, *(f"- {line}" for line in lines)])
 
 
-def system_message(character: Character, *, max_sentences: int, world_lines: Sequence[str]) -> str:
-    """The system message: shared rules → the character → the world lines (omitted when none)."""
+def _inline_memory_section(subject: str) -> str:
+    # Only for a character with `memory.extract: "inline"` (a strong model on a lane): the bridge
+    # cuts the block from the spoken text and checks each line like an extracted memory.
+    return "\n".join(
+        [
+            "# 覚えておくこと",
+            "返事のセリフのあと、相手が自分自身について話したことで、これからも覚えておく価値のあること"
+            "（好み、予定、大切な事実）があれば、<memory>と</memory>の間に1行に1つずつ、"
+            f"「{subject}は」で始まる短い文で書く（多くても3行）。その日の気分や体調、今の注文は書かない。"
+            "なければ<memory>は書かない。",
+        ]
+    )
+
+
+def system_message(
+    character: Character, *, max_sentences: int, world_lines: Sequence[str], memory_subject: str = "ユーザー"
+) -> str:
+    """The system message: shared rules → the character (→ inline memory rule) → the world lines."""
     parts = [_rules(max_sentences, character.speech.language), _character_section(character)]
+    if character.memory.extract == "inline":
+        parts.append(_inline_memory_section(memory_subject))
     world = _world_section(world_lines)
     if world is not None:
         parts.append(world)
@@ -188,6 +206,7 @@ def build_reply_messages(
     hint: str | None = None,
     context_tokens: int | None = None,
     max_reply_tokens: int = 120,
+    memory_subject: str = "ユーザー",
 ) -> tuple[ChatMessage, ...]:
     """The messages of one reply call (layout in the module docstring).
 
@@ -197,7 +216,12 @@ def build_reply_messages(
     memories are dropped first (oldest first), then history one exchange at a time (oldest first);
     the system message and the player's line are always kept, even if they alone do not fit.
     """
-    system = ChatMessage("system", system_message(character, max_sentences=max_sentences, world_lines=world_lines))
+    system = ChatMessage(
+        "system",
+        system_message(
+            character, max_sentences=max_sentences, world_lines=world_lines, memory_subject=memory_subject
+        ),
+    )
     player = _player_message(player_line, hint)
     kept_memories = list(memories)
     kept_history = list(history)[-(MAX_HISTORY_LINES // 2) :]

@@ -110,7 +110,10 @@ class Responder:
                 hint: str | None = None
                 # The world's lines are left out: repeating what the world just said is not an echo.
                 instructions = system_message(
-                    character, max_sentences=self._settings.reply_max_sentences, world_lines=()
+                    character,
+                    max_sentences=self._settings.reply_max_sentences,
+                    world_lines=(),
+                    memory_subject=self._settings.memory_subject,
                 )
                 for source in ("generated", "regenerated"):
                     attempt = await self._generate(context, history=history, hint=hint, deadline=deadline)
@@ -180,6 +183,7 @@ class Responder:
             hint=hint,
             context_tokens=self._settings.llm_context_tokens,
             max_reply_tokens=max_tokens,
+            memory_subject=self._settings.memory_subject,
         )
         remaining = max(0.1, deadline - asyncio.get_running_loop().time())
         request = GenerationRequest(

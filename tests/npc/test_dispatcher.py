@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -295,3 +296,19 @@ async def test_drain_right_after_a_say_while_memory_is_noted_is_quiet(rig: Rig) 
     # ended and must not be rescheduled.
     await rig.dispatcher.drain(0.3)
     assert len(rig.world.says) == 1
+
+
+async def test_inline_memory_is_cut_from_the_spoken_line_and_stored_after_the_checks(rig: Rig) -> None:
+    rig.server.default = (
+        "[happy]おかえり！今日はどうだった？\n<memory>\n- ユーザーは猫を飼っている\n- ユーザーは今日は眠い\n</memory>"
+    )
+    await rig.dispatcher.handle(talk("haruno", "alice", "ただいま。うちの猫がかわいくてさ"))
+    (say,) = await rig.world.wait_says(1)
+    assert (say.text, say.emotion) == ("おかえり！今日はどうだった？", "happy")
+    assert "<memory>" in rig.server.requests[0].messages[0]["content"]
+    path = rig.memory_dir / "haruno.json"
+    async with asyncio.timeout(5):
+        while not path.exists():  # noqa: ASYNC110 - the memory is stored right after the say
+            await asyncio.sleep(0.02)
+    stored = json.loads(path.read_text(encoding="utf-8"))["memories"]
+    assert [m["text"] for m in stored] == ["ユーザーは猫を飼っている"]  # the mood of the day was rejected

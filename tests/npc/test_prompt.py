@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -266,3 +267,13 @@ def test_a_roomy_context_keeps_everything() -> None:
 @pytest.mark.parametrize(("text", "tokens"), [("", 0), ("abcd", 1), ("abcde", 2), ("紅茶", 2), ("紅茶 tea", 3)])
 def test_tokens_are_estimated_from_characters(text: str, tokens: int) -> None:
     assert estimate_tokens(text) == tokens
+
+
+def test_inline_memory_character_is_told_how_to_write_memory_lines() -> None:
+    from bridge.npc.characters import load_roster
+
+    roster = load_roster(Path(__file__).resolve().parents[2] / "characters")
+    haruno = system_message(roster.characters["haruno"], max_sentences=2, world_lines=(), memory_subject="ユーザー")
+    minori = system_message(roster.characters["cafe-minori"], max_sentences=2, world_lines=())
+    assert "<memory>" in haruno and "「ユーザーは」で始まる" in haruno
+    assert "<memory>" not in minori
