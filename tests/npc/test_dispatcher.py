@@ -312,3 +312,20 @@ async def test_inline_memory_is_cut_from_the_spoken_line_and_stored_after_the_ch
             await asyncio.sleep(0.02)
     stored = json.loads(path.read_text(encoding="utf-8"))["memories"]
     assert [m["text"] for m in stored] == ["ユーザーは猫を飼っている"]  # the mood of the day was rejected
+
+
+async def test_full_queue_drops_the_oldest_waiting_line_with_a_log(rig: Rig) -> None:
+    from structlog.testing import capture_logs
+
+    from bridge.npc.dispatcher import MAX_QUEUED_LINES_PER_NPC
+
+    rig.server.script(stall("ええと"))  # the first line holds the NPC
+    await rig.dispatcher.handle(talk("ryokan-fumi", "first", "こんにちは"))
+    await rig.server.wait_for_requests(1)
+    waiting = [talk("ryokan-fumi", f"p{n}", "こんにちは") for n in range(MAX_QUEUED_LINES_PER_NPC + 1)]
+    with capture_logs() as logs:
+        for line in waiting:
+            await rig.dispatcher.handle(line)
+    dropped = [e for e in logs if e["event"] == "talk_dropped"]
+    assert [(e["event_id"], e["reason"]) for e in dropped] == [(waiting[0].id, "queue full")]
+    await rig.dispatcher.drain(0.2)
