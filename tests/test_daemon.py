@@ -4,41 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from bridge.app import supervise
+from tests.conftest import LIVE_WORLD_TOKEN
+from tests.daemon import BRIDGE, REPO, bridge_env, log_events, start_bridge, stop_bridge
 from tests.fakes.llm_servers import FakeOllama
-from tests.world.harness import WorldServer, node_available
+from tests.world.harness import WorldServer
 
-REPO = Path(__file__).resolve().parent.parent
-TOKEN = "daemon-test-token-91f2"
-BRIDGE = [sys.executable, "-m", "bridge"]
+TOKEN = LIVE_WORLD_TOKEN
 
 
-def bridge_env(tmp_path: Path, **values: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NPC_BRIDGE_") and k != "NOTIFY_SOCKET"}
-    env.update(
-        NPC_BRIDGE_CHARACTERS_DIR=str(REPO / "characters"),
-        NPC_BRIDGE_MEMORY_DIR=str(tmp_path / "memory"),
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(values)
-    return env
+def env_for(tmp_path: Path, **values: str) -> dict[str, str]:
+    return bridge_env(tmp_path / "memory", **values)
 
 
 def test_missing_token_exits_2_with_one_line_before_connecting(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*BRIDGE, "run"], env=bridge_env(tmp_path), capture_output=True, text=True, timeout=30, check=False
+        [*BRIDGE, "run"], env=env_for(tmp_path), capture_output=True, text=True, timeout=30, check=False
     )
     assert result.returncode == 2
     assert result.stdout == ""
@@ -49,7 +37,7 @@ def test_missing_token_exits_2_with_one_line_before_connecting(tmp_path: Path) -
 
 
 def test_bad_value_exits_2_naming_the_variable_whatever_the_log_format(tmp_path: Path) -> None:
-    env = bridge_env(tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_LLM_CONCURRENCY="lots")
+    env = env_for(tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_LLM_CONCURRENCY="lots")
     env["NPC_BRIDGE_LOG_FORMAT"] = "console"
     result = subprocess.run([*BRIDGE, "run"], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2
@@ -62,14 +50,14 @@ def test_invalid_character_file_stops_start_up_with_path_and_field(tmp_path: Pat
     characters = tmp_path / "characters"
     shutil.copytree(REPO / "characters", characters)
     (characters / "cafe-minori.json").write_text('{"id": "cafe-minori", "name": "x"}', encoding="utf-8")
-    env = bridge_env(tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_CHARACTERS_DIR=str(characters))
+    env = env_for(tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_CHARACTERS_DIR=str(characters))
     result = subprocess.run([*BRIDGE, "run"], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2
     assert "cafe-minori.json" in result.stderr and "persona" in result.stderr
 
 
 def test_check_with_the_example_env_prints_a_clear_report(tmp_path: Path) -> None:
-    env = bridge_env(tmp_path)
+    env = env_for(tmp_path)
     for line in (REPO / "systemd" / "npc-bridge.env.example").read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             key, _, value = line.partition("=")
@@ -91,7 +79,7 @@ def test_check_with_the_example_env_prints_a_clear_report(tmp_path: Path) -> Non
 
 async def test_check_passes_when_world_and_llm_answer(tmp_path: Path) -> None:
     async with FakeOllama() as llm:
-        env = bridge_env(
+        env = env_for(
             tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_LLM_URL=llm.url, NPC_BRIDGE_WORLD_URL=llm.url
         )
         proc = await asyncio.create_subprocess_exec(
@@ -129,58 +117,36 @@ async def test_a_crashing_component_is_restarted_with_backoff() -> None:
 # ---- with a real world ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[WorldServer]:
-    if not node_available():
-        pytest.skip("node and npm are needed for the reference world")
-    server = await WorldServer.start("0.18", TOKEN)
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-async def _start(env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *BRIDGE, "run", env=env, stdout=log_path.open("wb"), stderr=asyncio.subprocess.STDOUT
-    )
-
-
-def _events(log_path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("{")]
-
-
 @pytest.mark.world
-async def test_sigterm_shuts_down_gracefully_with_a_consented_leave(world: WorldServer, tmp_path: Path) -> None:
+async def test_sigterm_shuts_down_gracefully_with_a_consented_leave(live_world: WorldServer, tmp_path: Path) -> None:
     notify = tmp_path / "notify.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(notify))
     sock.setblocking(False)
     async with FakeOllama() as llm:
         llm.default = "[happy]いらっしゃいませ！ゆっくりしていってくださいね。"
-        env = bridge_env(
+        env = env_for(
             tmp_path,
-            NPC_BRIDGE_WORLD_URL=world.url,
+            NPC_BRIDGE_WORLD_URL=live_world.url,
             NPC_BRIDGE_WORLD_TOKEN=TOKEN,
             NPC_BRIDGE_LLM_URL=llm.url,
             NOTIFY_SOCKET=str(notify),
             WATCHDOG_USEC="2000000",
         )
         log_path = tmp_path / "bridge.log"
-        proc = await _start(env, log_path)
+        proc = await start_bridge(env, log_path)
         try:
-            await world.wait_for_worker(20)
-            event_id = await world.inject_talk("cafe-minori", "player-1", "こんにちは")
-            say = await world.wait_for_say(lambda p: p["replyTo"] == event_id, timeout=20)
+            await live_world.wait_for_worker(20)
+            event_id = await live_world.inject_talk("cafe-minori", "player-1", "こんにちは")
+            say = await live_world.wait_for_say(lambda p: p["replyTo"] == event_id, timeout=20)
             assert say["text"] == "いらっしゃいませ！ゆっくりしていってくださいね。"
             assert say["emotion"] == "happy" and say["source"] == "generated"
             await asyncio.sleep(1.2)  # let a watchdog ping or two go out
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 20) == 0
+            assert await stop_bridge(proc) == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
-    record = await world.record()
+    record = await live_world.record()
     assert [leave["consented"] for leave in record["leaves"]] == [True]
     assert record["drops"] == []
     messages = []
@@ -193,32 +159,31 @@ async def test_sigterm_shuts_down_gracefully_with_a_consented_leave(world: World
     assert messages[0] == "READY=1"
     assert "STATUS=joined world" in messages or any(m.startswith("STATUS=joined") for m in messages)
     assert "WATCHDOG=1" in messages and "STOPPING=1" in messages
-    events = [e["event"] for e in _events(log_path)]
+    events = [e["event"] for e in log_events(log_path)]
     assert "bridge_stopped" in events and "component_crashed" not in events
     assert TOKEN not in log_path.read_text(encoding="utf-8")
 
 
 @pytest.mark.world
 async def test_wrong_token_is_logged_as_configuration_error_without_the_token(
-    world: WorldServer, tmp_path: Path
+    live_world: WorldServer, tmp_path: Path
 ) -> None:
     wrong = "wrong-token-77aa"
     async with FakeOllama() as llm:
-        env = bridge_env(
-            tmp_path, NPC_BRIDGE_WORLD_URL=world.url, NPC_BRIDGE_WORLD_TOKEN=wrong, NPC_BRIDGE_LLM_URL=llm.url
+        env = env_for(
+            tmp_path, NPC_BRIDGE_WORLD_URL=live_world.url, NPC_BRIDGE_WORLD_TOKEN=wrong, NPC_BRIDGE_LLM_URL=llm.url
         )
         log_path = tmp_path / "bridge.log"
-        proc = await _start(env, log_path)
+        proc = await start_bridge(env, log_path)
         try:
-            await world.wait_for(lambda record: record["authFailures"] >= 1, 20)
+            await live_world.wait_for(lambda record: record["authFailures"] >= 1, 20)
             await asyncio.sleep(1.0)
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 20) == 0
+            assert await stop_bridge(proc) == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
     text = log_path.read_text(encoding="utf-8")
     assert wrong not in text and TOKEN not in text
-    assert any("auth" in str(e["event"]) for e in _events(log_path))
+    assert any("auth" in str(e["event"]) for e in log_events(log_path))
     # Retried slowly, not in a loop.
-    assert (await world.record())["authFailures"] <= 3
+    assert (await live_world.record())["authFailures"] <= 3

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import LIVE_WORLD_TOKEN
+from tests.daemon import bridge_env, log_events, start_bridge, stop_bridge
 from tests.fakes.llm_servers import FakeOllama
-from tests.world.harness import WorldServer, node_available
+from tests.world.harness import WorldServer
 
 pytestmark = pytest.mark.world
 
-REPO = Path(__file__).resolve().parent.parent
-TOKEN = "memory-daemon-token-0d4e"
+TOKEN = LIVE_WORLD_TOKEN
 TEA_MEMORY = "ユーザーは紅茶が好き"
 
 
@@ -31,48 +29,24 @@ def answer(body: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-async def world() -> AsyncIterator[WorldServer]:
-    if not node_available():
-        pytest.skip("node and npm are needed for the reference world")
-    server = await WorldServer.start("0.18", TOKEN)
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
 async def llm() -> AsyncIterator[FakeOllama]:
     async with FakeOllama(default=answer) as server:
         yield server
 
 
 def env_for(world: WorldServer, llm: FakeOllama, memory_dir: Path, **values: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NPC_BRIDGE_")}
-    env.update(
+    return bridge_env(
+        memory_dir,
         NPC_BRIDGE_WORLD_URL=world.url,
         NPC_BRIDGE_WORLD_TOKEN=TOKEN,
         NPC_BRIDGE_LLM_URL=llm.url,
-        NPC_BRIDGE_MEMORY_DIR=str(memory_dir),
-        NPC_BRIDGE_CHARACTERS_DIR=str(REPO / "characters"),
         NPC_BRIDGE_TIMEZONE="Asia/Tokyo",
-        PYTHONUNBUFFERED="1",
+        **values,
     )
-    env.update(values)
-    return env
-
-
-async def start(env: dict[str, str], log_path: Path) -> asyncio.subprocess.Process:
-    with log_path.open("ab") as log_file:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge", "run", env=env, stdout=log_file, stderr=asyncio.subprocess.STDOUT
-        )
 
 
 async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    assert await stop_bridge(proc) == 0
 
 
 def read(memory_dir: Path, npc: str) -> dict[str, Any]:
@@ -87,16 +61,16 @@ async def wait_until(check: Any, within: float = 15.0) -> None:
 
 
 async def test_pending_conversation_survives_kill_9_and_is_extracted_after_restart(
-    world: WorldServer, llm: FakeOllama, tmp_path: Path
+    live_world: WorldServer, llm: FakeOllama, tmp_path: Path
 ) -> None:
     memory_dir = tmp_path / "memory"
     log_path = tmp_path / "bridge.log"
     # A silence far longer than the test: the only extraction can come from the restart.
-    proc = await start(env_for(world, llm, memory_dir, NPC_BRIDGE_MEMORY_SILENCE_SECONDS="3600"), log_path)
+    proc = await start_bridge(env_for(live_world, llm, memory_dir, NPC_BRIDGE_MEMORY_SILENCE_SECONDS="3600"), log_path)
     try:
-        await world.wait_for_worker(20)
-        event_id = await world.inject_talk("cafe-minori", "player-1", "ここの紅茶がすきなんだよ")
-        await world.wait_for_say(lambda p: p["replyTo"] == event_id, timeout=15)
+        await live_world.wait_for_worker(20)
+        event_id = await live_world.inject_talk("cafe-minori", "player-1", "ここの紅茶がすきなんだよ")
+        await live_world.wait_for_say(lambda p: p["replyTo"] == event_id, timeout=15)
         path = memory_dir / "cafe-minori.json"
         await wait_until(lambda: path.exists() and read(memory_dir, "cafe-minori")["pending"])
         proc.kill()  # SIGKILL: no shutdown stage runs
@@ -107,7 +81,7 @@ async def test_pending_conversation_survives_kill_9_and_is_extracted_after_resta
     assert read(memory_dir, "cafe-minori")["pending"][0]["player"] == "ここの紅茶がすきなんだよ"
     assert not any("format" in r.body for r in llm.requests)
 
-    proc = await start(env_for(world, llm, memory_dir, NPC_BRIDGE_MEMORY_SILENCE_SECONDS="3600"), log_path)
+    proc = await start_bridge(env_for(live_world, llm, memory_dir, NPC_BRIDGE_MEMORY_SILENCE_SECONDS="3600"), log_path)
     try:
         await wait_until(lambda: read(memory_dir, "cafe-minori")["pending"] == [])
         extraction = [r for r in llm.requests if "format" in r.body]
@@ -119,21 +93,22 @@ async def test_pending_conversation_survives_kill_9_and_is_extracted_after_resta
 
 
 async def test_after_silence_the_memory_is_extracted_and_recalled_with_its_date_for_that_npc_only(
-    world: WorldServer, llm: FakeOllama, tmp_path: Path
+    live_world: WorldServer, llm: FakeOllama, tmp_path: Path
 ) -> None:
     memory_dir = tmp_path / "memory"
-    proc = await start(env_for(world, llm, memory_dir, NPC_BRIDGE_MEMORY_SILENCE_SECONDS="1"), tmp_path / "b.log")
+    env = env_for(live_world, llm, memory_dir, NPC_BRIDGE_MEMORY_SILENCE_SECONDS="1")
+    proc = await start_bridge(env, tmp_path / "b.log")
     try:
-        await world.wait_for_worker(20)
-        first = await world.inject_talk("cafe-minori", "player-1", "ここの紅茶がすきなんだよ")
-        await world.wait_for_say(lambda p: p["replyTo"] == first, timeout=15)
+        await live_world.wait_for_worker(20)
+        first = await live_world.inject_talk("cafe-minori", "player-1", "ここの紅茶がすきなんだよ")
+        await live_world.wait_for_say(lambda p: p["replyTo"] == first, timeout=15)
         await wait_until(lambda: bool(read(memory_dir, "cafe-minori")["memories"]))
         heard_at = read(memory_dir, "cafe-minori")["memories"][0]["heard_at"]
         # The next day, another visit: a new session id and name.
-        second = await world.inject_talk("cafe-minori", "player-2", "また来たよ", player_name="旅人2")
-        await world.wait_for_say(lambda p: p["replyTo"] == second, timeout=15)
-        third = await world.inject_talk("cinema-aoi", "player-2", "こんにちは", player_name="旅人2")
-        await world.wait_for_say(lambda p: p["replyTo"] == third, timeout=15)
+        second = await live_world.inject_talk("cafe-minori", "player-2", "また来たよ", player_name="旅人2")
+        await live_world.wait_for_say(lambda p: p["replyTo"] == second, timeout=15)
+        third = await live_world.inject_talk("cinema-aoi", "player-2", "こんにちは", player_name="旅人2")
+        await live_world.wait_for_say(lambda p: p["replyTo"] == third, timeout=15)
     finally:
         await stop(proc)
     replies = [r for r in llm.requests if "format" not in r.body]
@@ -146,17 +121,17 @@ async def test_after_silence_the_memory_is_extracted_and_recalled_with_its_date_
 
 
 async def test_corrupt_memory_file_is_moved_aside_and_the_npc_still_answers(
-    world: WorldServer, llm: FakeOllama, tmp_path: Path
+    live_world: WorldServer, llm: FakeOllama, tmp_path: Path
 ) -> None:
     memory_dir = tmp_path / "memory"
     memory_dir.mkdir()
     (memory_dir / "cafe-minori.json").write_text('{"version": 1, "npc_id": "cafe-minori", "memo', encoding="utf-8")
     log_path = tmp_path / "bridge.log"
-    proc = await start(env_for(world, llm, memory_dir), log_path)
+    proc = await start_bridge(env_for(live_world, llm, memory_dir), log_path)
     try:
-        await world.wait_for_worker(20)
-        event_id = await world.inject_talk("cafe-minori", "player-1", "こんにちは")
-        say = await world.wait_for_say(lambda p: p["replyTo"] == event_id, timeout=15)
+        await live_world.wait_for_worker(20)
+        event_id = await live_world.inject_talk("cafe-minori", "player-1", "こんにちは")
+        say = await live_world.wait_for_say(lambda p: p["replyTo"] == event_id, timeout=15)
         assert say["source"] == "generated"
         await wait_until(lambda: bool(list(memory_dir.glob("cafe-minori.json.corrupt-*"))))
     finally:
@@ -164,5 +139,5 @@ async def test_corrupt_memory_file_is_moved_aside_and_the_npc_still_answers(
     (aside,) = memory_dir.glob("cafe-minori.json.corrupt-*")
     assert aside.read_text(encoding="utf-8").endswith('"memo')
     assert read(memory_dir, "cafe-minori")["pending"][0]["player"] == "こんにちは"
-    events = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("{")]
+    events = log_events(log_path)
     assert any(e["event"] == "memory_file_corrupt" and e["level"] == "error" for e in events)

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +26,13 @@ from bridge.npc.cleaner import split_sentences
 from bridge.npc.prompt import build_reply_messages
 from bridge.npc.responder import REPLY_MAX_TOKENS, ReplyContext, Responder
 from bridge.settings import load_settings
+from tests.conftest import LIVE_WORLD_TOKEN
+from tests.daemon import REPO, bridge_env, log_events, start_bridge, stop_bridge
 from tests.e2e.llama_server import LlamaServer, prefix_hits
-from tests.world.harness import WorldServer, node_available
+from tests.world.harness import WorldServer
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-TOKEN = "e2e-world-token-5c1d"
 STAFF = ("cafe-minori", "cinema-aoi", "ryokan-fumi")
 PLAYER_LINES = {
     "cafe-minori": "こんにちは。ここの紅茶がすきなんだよ。",
@@ -51,28 +47,9 @@ MAX_CHARS = 90
 DIRTY = re.compile(r"[\[\]<>＜＞*#{}]|<\||end_of_turn|start_of_turn|(?:ユーザー|User|プレイヤー|旅人\d)\s*[:：]")
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[WorldServer]:
-    if not node_available():
-        pytest.fail("e2e: node and npm are needed for the reference world")
-    server = await WorldServer.start("0.18", TOKEN)
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-def _events(log_path: Path) -> list[dict[str, Any]]:
-    events = []
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("{"):
-            events.append(json.loads(line))
-    return events
-
-
 async def _wait_for_events(log_path: Path, done: Any, within: float) -> list[dict[str, Any]]:
     async with asyncio.timeout(within):
-        while not done(events := _events(log_path)):  # noqa: ASYNC110 - polling another process's log
+        while not done(events := log_events(log_path)):  # noqa: ASYNC110 - polling another process's log
             await asyncio.sleep(0.5)
     return events
 
@@ -87,13 +64,13 @@ async def _wait_for_log(server: LlamaServer, needle: str, since: int, within: fl
 
 
 async def test_staff_answer_cleanly_and_memory_keeps_only_checked_facts(
-    llama_server: LlamaServer, world: WorldServer, tmp_path: Path
+    llama_server: LlamaServer, live_world: WorldServer, tmp_path: Path
 ) -> None:
     memory_dir = tmp_path / "memory"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NPC_BRIDGE_")}
-    env.update(
-        NPC_BRIDGE_WORLD_URL=world.url,
-        NPC_BRIDGE_WORLD_TOKEN=TOKEN,
+    env = bridge_env(
+        memory_dir,
+        NPC_BRIDGE_WORLD_URL=live_world.url,
+        NPC_BRIDGE_WORLD_TOKEN=LIVE_WORLD_TOKEN,
         NPC_BRIDGE_LLM_BACKEND="openai",
         NPC_BRIDGE_LLM_URL=llama_server.url,
         NPC_BRIDGE_LLM_MODEL=llama_server.model_alias,
@@ -102,23 +79,17 @@ async def test_staff_answer_cleanly_and_memory_keeps_only_checked_facts(
         NPC_BRIDGE_REPLY_MAX_SENTENCES=str(MAX_SENTENCES),
         NPC_BRIDGE_REPLY_MAX_CHARS=str(MAX_CHARS),
         NPC_BRIDGE_MEMORY_SILENCE_SECONDS=str(SILENCE_SECONDS),
-        NPC_BRIDGE_MEMORY_DIR=str(memory_dir),
-        NPC_BRIDGE_CHARACTERS_DIR=str(REPO / "characters"),
         NPC_BRIDGE_LOG_CONTENT="true",
-        PYTHONUNBUFFERED="1",
     )
     log_path = tmp_path / "bridge.log"
-    with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge", "run", env=env, stdout=log_file, stderr=asyncio.subprocess.STDOUT
-        )
+    proc = await start_bridge(env, log_path)
     try:
-        await world.wait_for_worker(30)
+        await live_world.wait_for_worker(30)
         for npc in STAFF:
             loop = asyncio.get_running_loop()
             sent = loop.time()
-            event_id = await world.inject_talk(npc, f"player-{npc}", PLAYER_LINES[npc], player_name="旅人1")
-            say = await world.wait_for_say(lambda p, e=event_id: p["replyTo"] == e, timeout=DEADLINE_SECONDS + 15)
+            event_id = await live_world.inject_talk(npc, f"player-{npc}", PLAYER_LINES[npc], player_name="旅人1")
+            say = await live_world.wait_for_say(lambda p, e=event_id: p["replyTo"] == e, timeout=DEADLINE_SECONDS + 15)
             took = loop.time() - sent
             text = say["text"]
             print(f"\n{npc}: {took:.1f} s {say['source']} {say['emotion']} {text!r}")
@@ -139,9 +110,7 @@ async def test_staff_answer_cleanly_and_memory_keeps_only_checked_facts(
         events = await _wait_for_events(log_path, extracted, within=240)
         assert proc.returncode is None, "the daemon died"
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert await stop_bridge(proc) == 0
     names = [e["event"] for e in events]
     assert "component_crashed" not in names and "reply_crashed" not in names
     for rejected in (e for e in events if e["event"] == "memory_rejected"):
