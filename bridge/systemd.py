@@ -54,8 +54,12 @@ class Notifier:
         self.notify("STOPPING=1")
 
     async def watchdog(self) -> None:
-        """Ping at half the watchdog interval from the event loop: a blocked loop stops the pings."""
+        """Ping at half the watchdog interval from the event loop: a blocked loop stops the pings.
+
+        Without a watchdog it waits forever (cancel it), so a supervisor never sees it end.
+        """
         if self.watchdog_seconds is None or not self._address:
+            await asyncio.Event().wait()
             return
         interval = self.watchdog_seconds / 2
         while True:

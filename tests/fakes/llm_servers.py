@@ -119,6 +119,7 @@ class RecordedRequest:
     path: str
     body: Any
     received_at: float  # time.monotonic()
+    client_port: int | None = None  # the same port on two requests: the client reused its connection
     behaviour: Behaviour | None = None
     status: int | None = None
     pieces_planned: int = 0
@@ -288,7 +289,10 @@ class FakeLLMServer:
             body = await request.json()
         except ValueError:
             body = None
-        record = RecordedRequest(path=request.path, body=body, received_at=time.monotonic())
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        record = RecordedRequest(
+            path=request.path, body=body, received_at=time.monotonic(), client_port=peer[1] if peer else None
+        )
         self.requests.append(record)
         async with self._arrived:
             self._arrived.notify_all()

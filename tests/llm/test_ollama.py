@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 
 import pytest
 from structlog.testing import capture_logs
 
 from bridge.errors import LLMModelMissing, LLMResponseError, LLMUnavailable
-from bridge.llm.base import TEMPLATE_STOP_STRINGS, TextChunk
+from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, TextChunk
 from bridge.llm.ollama import OllamaBackend
 from tests.fakes.llm_servers import Answer, Drop, Error, FakeOllama, busy, model_missing, stall
 from tests.llm.helpers import (
@@ -268,3 +269,18 @@ async def test_list_models_on_a_dead_server_raises_unavailable() -> None:
     with pytest.raises(LLMUnavailable):
         await backend.list_models()
     await backend.aclose()
+
+
+async def test_finished_answers_leave_the_connection_for_the_next_request() -> None:
+    async with FakeOllama() as server:
+        backend = OllamaBackend(server.url)
+        try:
+            for _ in range(3):
+                async with aclosing(backend.stream(reply_request())) as chunks:
+                    async for chunk in chunks:
+                        if isinstance(chunk, Done):
+                            break
+        finally:
+            await backend.aclose()
+    ports = {record.client_port for record in server.requests}
+    assert len(server.requests) == 3 and len(ports) == 1
