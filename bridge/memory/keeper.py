@@ -22,6 +22,7 @@ Choices where the spec is silent:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import random
 from collections.abc import Callable
@@ -53,6 +54,12 @@ RETRY_BASE_SECONDS = 5.0
 RETRY_CAP_SECONDS = 600.0  # the LAN machine may sleep for hours: keep trying, every 10 minutes at most
 RETRY_JITTER = 0.1
 MAX_UNPARSEABLE_TRIES = 3
+# An NPC that never gets its silence (players queueing at the counter) must not pile up a pending
+# conversation that is rewritten on every reply and no longer fits the extraction prompt: at this
+# many lines it is extracted without waiting for the silence, this many lines per call.
+EXTRACTION_BATCH_LINES = 24
+# While the model is unreachable, lines beyond this many are dropped, oldest first, with a log.
+MAX_PENDING_LINES = 400
 RECALL_TIMEOUT_SECONDS = 5.0  # recall sits on the reply path: a slow service must not eat the deadline
 
 
@@ -146,6 +153,9 @@ class MemoryKeeper:
             settings, instructions=extraction_instructions(settings.memory_subject)
         )
         self._deadlines: dict[str, float] = {}  # loop time at which each NPC's silence is long enough
+        self._backing_off: set[str] = set()  # NPCs whose last extraction failed: their deadline is a backoff
+        self._extracting: set[str] = set()  # NPCs with an extraction call in flight
+        self._wakes: dict[str, asyncio.Event] = {}  # set when a deadline moves earlier (a batch is due)
         self._unparseable: dict[str, int] = {}
         self._extractors: dict[str, asyncio.Task[None]] = {}
         self._deliveries: dict[str, asyncio.Task[None]] = {}
@@ -207,6 +217,16 @@ class MemoryKeeper:
         self._postpone(npc_id)
         await self._store.append_pending(npc_id, line)
         self._postpone(npc_id)
+        pending = len(await self._store.pending(npc_id))
+        if pending >= EXTRACTION_BATCH_LINES and npc_id not in self._backing_off:
+            # A long conversation is extracted now, in batches, instead of after a silence that
+            # may never come.
+            self._deadlines[npc_id] = asyncio.get_running_loop().time()
+            self._wakes.setdefault(npc_id, asyncio.Event()).set()
+        if pending > MAX_PENDING_LINES and npc_id not in self._extracting:
+            # Only between extractions: one in flight clears the lines it took by count.
+            await self._store.clear_pending(npc_id, pending - MAX_PENDING_LINES)
+            log.warning("memory_pending_trimmed", npc=npc_id, dropped=pending - MAX_PENDING_LINES)
         self._ensure_extractor(npc_id)
 
     def _postpone(self, npc_id: str) -> None:
@@ -331,12 +351,14 @@ class MemoryKeeper:
                     log.exception("memory_extraction_crashed", npc=npc_id)
                     outcome = _Outcome.RETRY
                 if outcome is _Outcome.RETRY:
+                    self._backing_off.add(npc_id)
                     failures += 1
                     delay = backoff_seconds(failures, base=self._retry_base, cap=self._retry_cap)
                     self._deadlines[npc_id] = max(self._deadlines.get(npc_id, 0.0), loop.time() + delay)
                     log.info("memory_extraction_retry", npc=npc_id, in_seconds=round(delay, 1))
                     continue
                 failures = 0
+                self._backing_off.discard(npc_id)
                 # No await between this check and leaving: a line noted later starts a new task.
                 if not await self._store.pending(npc_id):
                     return
@@ -346,12 +368,23 @@ class MemoryKeeper:
 
     async def _silence(self, npc_id: str) -> None:
         loop = asyncio.get_running_loop()
-        # Deadlines only move later, so sleeping to the one seen and looking again is enough.
-        while (remaining := self._deadlines.get(npc_id, 0.0) - loop.time()) > 0:  # noqa: ASYNC110
-            await asyncio.sleep(remaining)
+        # Deadlines move later (more talk), or to now when a batch is due (which sets the wake).
+        wake = self._wakes.setdefault(npc_id, asyncio.Event())
+        while (remaining := self._deadlines.get(npc_id, 0.0) - loop.time()) > 0:
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), remaining)
 
     async def _extract_once(self, npc_id: str) -> _Outcome:
-        lines = await self._store.pending(npc_id)
+        self._extracting.add(npc_id)
+        try:
+            return await self._extract_batch(npc_id)
+        finally:
+            self._extracting.discard(npc_id)
+
+    async def _extract_batch(self, npc_id: str) -> _Outcome:
+        """One extraction call over the oldest pending lines (at most EXTRACTION_BATCH_LINES)."""
+        lines = (await self._store.pending(npc_id))[:EXTRACTION_BATCH_LINES]
         if not lines:
             return _Outcome.DONE
         taken = len(lines)

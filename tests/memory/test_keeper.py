@@ -345,3 +345,41 @@ async def test_forget_by_number_counts_from_one(tmp_path: Path) -> None:
     assert await forget_by_number(store, "cafe-minori", 1) == 1
     assert [m.text for m in await store.memories("cafe-minori")] == ["ユーザーの記憶B"]
     assert await forget_by_number(store, "cafe-minori", None) == 1
+
+
+async def test_a_conversation_that_never_goes_quiet_is_extracted_in_batches(
+    tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.memory.keeper as keeper_module
+
+    monkeypatch.setattr(keeper_module, "EXTRACTION_BATCH_LINES", 4)
+    ollama.default = '{"memories": []}'
+    async with running(make_keeper(tmp_path, backend, memory_silence_seconds=3600)) as keeper:
+        for n in range(6):
+            await keeper.note_exchange("cafe-minori", player=f"話{n}です", npc="はい。", at=AT)
+        first = await ollama.wait_for_requests(1)
+        await eventually(lambda: read_file(tmp_path, "cafe-minori")["pending"] == [])
+    # No silence came: the long conversation went out at once, in batches of at most 4 lines.
+    conversation = first.messages[1]["content"]
+    assert all(f"話{n}です" in conversation for n in range(4)) and "話4です" not in conversation
+    later = "".join(r.messages[1]["content"] for r in ollama.requests[1:])
+    assert "話4です" in later and "話5です" in later and "話3です" not in later
+
+
+async def test_while_the_model_is_down_the_pending_conversation_is_capped_oldest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.memory.keeper as keeper_module
+    from tests.llm.helpers import refused_url
+
+    monkeypatch.setattr(keeper_module, "MAX_PENDING_LINES", 3)
+    dead = OllamaBackend(refused_url(), retry=FAST_RETRY)
+    try:
+        async with running(make_keeper(tmp_path, dead, memory_silence_seconds=3600)) as keeper:
+            with capture_logs() as logs:
+                for n in range(5):
+                    await keeper.note_exchange("cafe-minori", player=f"話{n}です", npc="はい。", at=AT)
+    finally:
+        await dead.aclose()
+    assert [p["player"] for p in read_file(tmp_path, "cafe-minori")["pending"]] == ["話2です", "話3です", "話4です"]
+    assert [e["dropped"] for e in logs if e["event"] == "memory_pending_trimmed"] == [1, 1]
