@@ -69,6 +69,9 @@ class _NpcQueue:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     current: _Line | None = None
     scope: asyncio.Timeout | None = None
+    # The latest exchange being written to memory: the next one waits for it, so the pending
+    # conversation keeps its order, while the NPC already works on its next line.
+    noting: asyncio.Task[None] | None = None
 
 
 class Dispatcher:
@@ -93,6 +96,7 @@ class Dispatcher:
         self._log_content = log_content
         self._queues = {npc_id: _NpcQueue(character) for npc_id, character in roster.voiced.items()}
         self._closing = False
+        self._notes: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -187,7 +191,7 @@ class Dispatcher:
                 # A bug in one reply must not silence the NPC: log it whole and move on.
                 log.exception("reply_crashed", npc=line.talk.npc_id, event_id=line.talk.id)
                 if line.sent:
-                    await self._say(queue.character, line, self._responder.fallback(queue.character, error="bug"))
+                    await self._say(queue, line, self._responder.fallback(queue.character, error="bug"))
             finally:
                 queue.current = None
                 queue.scope = None
@@ -220,7 +224,7 @@ class Dispatcher:
                     reply = self._responder.fallback(character, error="shutdown")
                 finally:
                     queue.scope = None
-            await self._say(character, line, reply, started=started, waited_ms=waited_ms)
+            await self._say(queue, line, reply, started=started, waited_ms=waited_ms)
         finally:
             structlog.contextvars.unbind_contextvars("npc", "player", "event_id")
 
@@ -244,7 +248,7 @@ class Dispatcher:
 
     async def _say(
         self,
-        character: Character,
+        queue: _NpcQueue,
         line: _Line,
         reply: Reply,
         *,
@@ -280,12 +284,24 @@ class Dispatcher:
             player_text=line.text if self._log_content else None,
             npc_text=reply.text if self._log_content else None,
         )
+        queue.noting = asyncio.create_task(
+            self._note(queue.noting, talk.npc_id, line.text, reply, now), name=f"note:{talk.npc_id}"
+        )
+        self._notes.add(queue.noting)
+        queue.noting.add_done_callback(self._notes.discard)
+
+    async def _note(
+        self, previous: asyncio.Task[None] | None, npc_id: str, player: str, reply: Reply, at: datetime
+    ) -> None:
+        """Write one exchange to the NPC's pending conversation, after the one before it."""
+        if previous is not None:
+            await asyncio.wait({previous})  # its own errors are its own: only the order matters here
         try:
-            await self._memory.note_exchange(talk.npc_id, player=line.text, npc=reply.text, at=now)
+            await self._memory.note_exchange(npc_id, player=player, npc=reply.text, at=at)
             if reply.memory_lines:
-                await self._memory.save_inline(talk.npc_id, reply.memory_lines, at=now)
+                await self._memory.save_inline(npc_id, reply.memory_lines, at=at)
         except Exception:
-            log.exception("memory_note_failed", npc=talk.npc_id)
+            log.exception("memory_note_failed", npc=npc_id)
 
     # ---- shutdown --------------------------------------------------------------------------------
 
@@ -306,6 +322,9 @@ class Dispatcher:
         try:
             async with asyncio.timeout(grace_seconds + 2.0):
                 await self._idle.wait()
+                # The last exchanges go to the memory files before the daemon leaves.
+                if self._notes:
+                    await asyncio.wait(set(self._notes))
         except TimeoutError:
             log.warning("shutdown_replies_unfinished")
 

@@ -329,3 +329,29 @@ async def test_full_queue_drops_the_oldest_waiting_line_with_a_log(rig: Rig) -> 
     dropped = [e for e in logs if e["event"] == "talk_dropped"]
     assert [(e["event_id"], e["reason"]) for e in dropped] == [(waiting[0].id, "queue full")]
     await rig.dispatcher.drain(0.2)
+
+
+async def test_the_next_line_does_not_wait_for_the_memory_write_of_the_last(rig: Rig) -> None:
+    memory = rig.dispatcher._memory
+    writes: list[tuple[str, float]] = []
+
+    class SlowDisk:
+        """The keeper behind a disk that takes 0.5 s per write."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(memory, name)
+
+        async def note_exchange(self, npc_id: str, *, player: str, npc: str, at: Any) -> None:
+            await asyncio.sleep(0.5)
+            writes.append((player, time.monotonic()))
+            await memory.note_exchange(npc_id, player=player, npc=npc, at=at)
+
+    rig.dispatcher._memory = SlowDisk()
+    rig.server.default = "いらっしゃいませ。"
+    for text in ("一つ目", "二つ目"):
+        await rig.dispatcher.handle(talk("cafe-minori", f"p-{text}", text))
+    await rig.world.wait_says(2)
+    second_request = rig.server.requests[1].received_at
+    await rig.dispatcher.drain(1.0)  # waits for the writes
+    assert [player for player, _ in writes] == ["一つ目", "二つ目"]  # in order
+    assert second_request < writes[0][1]  # the second reply did not wait for the first write
