@@ -18,8 +18,11 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
   const reconnectSeconds = Number(process.env.RECONNECT_SECONDS || "20");
 
   // Everything the tests read back. Kept per process: a restart starts a new record.
+  // Epoch milliseconds with sub-millisecond resolution, for the benchmark's latency figures.
+  const nowHr = () => performance.timeOrigin + performance.now();
   const record = {
     version,
+    talks: [],        // {id, npcId, atHr}: each npc:talk as it was sent to the workers
     said: [],
     typed: [],
     claims: [],
@@ -77,7 +80,7 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
       });
 
       this.onMessage("npc:say", (client, payload) => {
-        record.said.push({ sessionId: client.sessionId, payload, at: Date.now() });
+        record.said.push({ sessionId: client.sessionId, payload, at: Date.now(), atHr: nowHr() });
       });
 
       this.onMessage("npc:typing", (client, payload) => {
@@ -175,7 +178,10 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
         text: b.text,
         at: b.at === undefined ? Date.now() : b.at,
       };
-      ok(res, { sent: toWorkers((c) => c.send("npc:talk", payload)), id: payload.id });
+      const sentAtHr = nowHr();
+      const sent = toWorkers((c) => c.send("npc:talk", payload));
+      record.talks.push({ id: payload.id, npcId: payload.npcId, atHr: sentAtHr });
+      ok(res, { sent, id: payload.id });
     });
     app.post("/debug/event", json, (req, res) => {
       const b = req.body || {};

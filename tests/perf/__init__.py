@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): `python -m tests.perf.bench`."""
