@@ -16,6 +16,7 @@ Rules, in the order they are tried (the first that fails is returned):
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from collections.abc import Iterable
 from typing import Literal
@@ -93,6 +94,12 @@ def in_language(text: str, language: Language) -> bool:
     return own * 2 >= letters
 
 
+@functools.lru_cache(maxsize=64)
+def _instructions_letters(instructions: str) -> str:
+    # The same system message comes back for every reply of an NPC: normalise it once.
+    return _letters_only(instructions)
+
+
 def _letters_only(text: str) -> str:
     """NFKC, lower case, only letters and digits: what an echo comparison looks at."""
     return "".join(char for char in _normalise(text) if char.isalnum())
@@ -100,7 +107,7 @@ def _letters_only(text: str) -> str:
 
 def echoes(text: str, instructions: str, run_chars: int = ECHO_RUN_CHARS) -> bool:
     """Whether `text` copies `run_chars` or more characters in a row from `instructions`."""
-    reply, source = _letters_only(text), _letters_only(instructions)
+    reply, source = _letters_only(text), _instructions_letters(instructions)
     return any(reply[i : i + run_chars] in source for i in range(len(reply) - run_chars + 1))
 
 

@@ -45,6 +45,7 @@ Everything the model returns is untrusted text. `clean` runs the six steps of th
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -138,6 +139,12 @@ def _names_alternation(names: Iterable[str]) -> str | None:
 
 
 def _other_label(own_names: Sequence[str], other_speakers: Sequence[str]) -> re.Pattern[str] | None:
+    # `has_enough` runs on every streamed chunk: build each pattern once per set of names.
+    return _other_label_for(tuple(own_names), tuple(other_speakers))
+
+
+@functools.lru_cache(maxsize=256)
+def _other_label_for(own_names: tuple[str, ...], other_speakers: tuple[str, ...]) -> re.Pattern[str] | None:
     own = {name.strip().casefold() for name in own_names if name}
     others = [name for name in [*other_speakers, *ALWAYS_OTHER_SPEAKERS] if name.strip().casefold() not in own]
     alternation = _names_alternation(others)
@@ -151,6 +158,11 @@ def _other_label(own_names: Sequence[str], other_speakers: Sequence[str]) -> re.
 
 
 def _own_prefix(own_names: Sequence[str]) -> re.Pattern[str] | None:
+    return _own_prefix_for(tuple(own_names))
+
+
+@functools.lru_cache(maxsize=64)
+def _own_prefix_for(own_names: tuple[str, ...]) -> re.Pattern[str] | None:
     alternation = _names_alternation(own_names)
     if alternation is None:
         return None
