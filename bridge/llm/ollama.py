@@ -8,9 +8,6 @@ import httpx
 
 from bridge.errors import LLMError, LLMResponseError, LLMUnavailable
 from bridge.llm._http import (
-    DEFAULT_RETRY,
-    STALL_SECONDS,
-    RetryPolicy,
     StreamingBackend,
     labelled,
     parse_json_line,
@@ -104,15 +101,6 @@ class OllamaBackend(StreamingBackend):
 
     name = "ollama"
     path = "/api/chat"
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        stall_seconds: float = STALL_SECONDS,
-    ) -> None:
-        super().__init__(url, retry=retry, stall_seconds=stall_seconds)
 
     def _body(self, request: GenerationRequest, fallback: bool) -> dict[str, Any]:
         return chat_body(request)

@@ -10,9 +10,6 @@ import structlog
 
 from bridge.errors import LLMError, LLMResponseError, LLMUnavailable
 from bridge.llm._http import (
-    DEFAULT_RETRY,
-    STALL_SECONDS,
-    RetryPolicy,
     StreamingBackend,
     error_label,
     labelled,
@@ -174,16 +171,8 @@ class OpenAIBackend(StreamingBackend):
     name = "openai"
     path = "/v1/chat/completions"
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        stall_seconds: float = STALL_SECONDS,
-    ) -> None:
-        super().__init__(url, retry=retry, stall_seconds=stall_seconds)
-        # None until a server accepted one form; then every extraction uses that form first.
-        self.response_format_form: ResponseFormat | None = None
+    # None until a server accepted one form; then every extraction uses that form first.
+    response_format_form: ResponseFormat | None = None
 
     def _form(self, fallback: bool) -> ResponseFormat:
         if fallback:
