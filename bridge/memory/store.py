@@ -69,7 +69,15 @@ class MemoryStore:
     # --- reading -------------------------------------------------------------------------------
 
     async def load(self, npc_id: str) -> MemoryFile:
-        """The NPC's whole memory file (empty when there is none yet)."""
+        """The NPC's whole memory file (empty when there is none yet), as last written.
+
+        Reads never wait for a write in flight (an fsync takes ~12 ms): they see the file as it was
+        before it, and the cache takes the new content only once it is on disk. Recall sits on the
+        reply path; it must not queue behind the previous reply's note.
+        """
+        cached = self._cache.get(npc_id)
+        if cached is not None:
+            return cached
         async with self._lock(npc_id):
             return await self._loaded(npc_id)
 

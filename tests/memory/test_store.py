@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -199,3 +200,32 @@ async def test_times_keep_their_offset(tmp_path: Path) -> None:
     )
     data = json.loads((tmp_path / "cafe-minori.json").read_text(encoding="utf-8"))
     assert data["memories"][0]["heard_at"] == "2026-09-29T12:00:00+00:00"
+
+
+async def test_reading_does_not_wait_for_a_write_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bridge.memory.store as store_module
+
+    store = MemoryStore(tmp_path, limit=60)
+    await store.append_pending("cafe-minori", PendingLine(player="一", npc="はい。", at=AT))
+    slow = asyncio.Event()
+    real_fsync = store_module._fsync_dir
+
+    def slow_fsync_dir(directory: Path) -> None:
+        real_fsync(directory)
+        give_up = time.monotonic() + 2.0
+        while not slow.is_set() and time.monotonic() < give_up:  # a slow disk, until the test has read
+            time.sleep(0.005)
+
+    monkeypatch.setattr(store_module, "_fsync_dir", slow_fsync_dir)
+    writing = asyncio.create_task(
+        store.append_pending("cafe-minori", PendingLine(player="二", npc="はい。", at=AT))
+    )
+    await asyncio.sleep(0.05)
+    assert not writing.done()
+    try:
+        seen = await asyncio.wait_for(store.pending("cafe-minori"), 0.5)
+    finally:
+        slow.set()
+    assert [line.player for line in seen] == ["一"]  # the file as last written
+    await writing
+    assert [line.player for line in await store.pending("cafe-minori")] == ["一", "二"]
