@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
 import signal
 import time
@@ -165,6 +166,10 @@ class App:
                     group.create_task(supervise(name, component, stopping=self.stop_event.is_set), name=name)
                     for name, component in components.items()
                 ]
+                # Everything loaded at start-up (modules, characters, settings) lives as long as the
+                # daemon: keep it out of the collector's full passes, which otherwise walk it on
+                # every one of them and pause the event loop for milliseconds.
+                gc.freeze()
                 # Up means up: a world that is down at boot must not fail the unit.
                 self.notifier.ready()
                 self.notifier.status("connecting to the world")
