@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiofiles
 import aiofiles.os
@@ -37,6 +38,26 @@ def _check_id(npc_id: str) -> None:
     # The id becomes a file name: refuse anything that could leave the memory folder.
     if not NPC_ID_PATTERN.fullmatch(npc_id):
         raise MemoryStoreError(f"not a valid npc id for a memory file: {npc_id!r}")
+
+
+def render(data: dict[str, Any]) -> str:
+    """The file's text: one key a line, and one list item (a memory, a pending line) a line.
+
+    As readable as `indent=2` for a person who opens the file, but every item goes through the C
+    encoder: `json.dumps(..., indent=2)` runs the pure-Python encoder, which took ~1.7 ms of the
+    event loop per write with a full pending conversation.
+    """
+    lines = ["{"]
+    for number, (key, value) in enumerate(data.items()):
+        comma = "," if number < len(data) - 1 else ""
+        name = json.dumps(key)
+        if isinstance(value, list) and value:
+            items = ",\n".join(f"    {json.dumps(item, ensure_ascii=False)}" for item in value)
+            lines.append(f"  {name}: [\n{items}\n  ]{comma}")
+        else:
+            lines.append(f"  {name}: {json.dumps(value, ensure_ascii=False)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -275,7 +296,7 @@ class MemoryStore:
 
     async def _write(self, npc_id: str, content: MemoryFile) -> None:
         path = self.path(npc_id)
-        text = json.dumps(content.to_json_data(), ensure_ascii=False, indent=2) + "\n"
+        text = render(content.to_json_data())
         temp = path.with_name(f".{path.name}{TEMP_MARKER}{uuid.uuid4().hex}")
         try:
             await aiofiles.os.makedirs(self.directory, exist_ok=True)

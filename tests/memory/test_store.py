@@ -229,3 +229,21 @@ async def test_reading_does_not_wait_for_a_write_in_flight(tmp_path: Path, monke
     assert [line.player for line in seen] == ["一"]  # the file as last written
     await writing
     assert [line.player for line in await store.pending("cafe-minori")] == ["一", "二"]
+
+
+def test_the_file_is_one_item_a_line_and_round_trips() -> None:
+    from bridge.memory.store import render
+
+    data = {
+        "version": 1,
+        "npc_id": "cafe-minori",
+        "memories": [
+            {"text": "ユーザーは紅茶が好き", "heard_at": "2026-09-29T21:14:03+09:00", "source": "extraction"},
+            {"text": 'ユーザーは"引用"も書く', "heard_at": "2026-09-30T10:00:00+09:00", "source": "inline"},
+        ],
+        "pending": [],
+    }
+    text = render(data)
+    assert json.loads(text) == data
+    assert '    {"text": "ユーザーは紅茶が好き", "heard_at"' in text.splitlines()[4]
+    assert text.endswith("}\n")
