@@ -46,6 +46,7 @@ from bridge.memory.models import (
 from bridge.memory.shared import RECALL_LIMIT, SHARED_SOURCE, SharedMemoryClient
 from bridge.memory.store import MemoryStore
 from bridge.npc.characters import Roster
+from bridge.npc.prompt import format_memory_line
 from bridge.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -72,19 +73,6 @@ def backoff_seconds(attempt: int, *, base: float, cap: float) -> float:
     """Exponential backoff with jitter for the `attempt`-th consecutive failure (1-based), capped."""
     delay: float = min(cap, base * 2.0 ** min(attempt - 1, 30))
     return min(cap, delay * random.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER))
-
-
-def month_day(moment: datetime, zone: tzinfo | None) -> str:
-    local = moment.astimezone(zone)  # zone None: the system's local time
-    return f"{local.month}/{local.day}"
-
-
-def format_memory_line(text: str, heard_at: datetime | None, zone: tzinfo | None) -> str:
-    """`- (M/D) text` as the prompt shows a memory (the date lets the model place "来週" in time)."""
-    one_line = " ".join(text.split())
-    if heard_at is None:
-        return f"- {one_line}"
-    return f"- ({month_day(heard_at, zone)}) {one_line}"
 
 
 def _parse_time(value: str) -> datetime | None:

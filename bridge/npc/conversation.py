@@ -7,9 +7,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bridge.npc.prompt import Exchange
+from bridge.npc.prompt import MAX_HISTORY_LINES, Exchange
 
-MAX_HISTORY_EXCHANGES = 6  # 12 lines in the prompt at most
+MAX_HISTORY_EXCHANGES = MAX_HISTORY_LINES // 2  # only what the prompt can use is kept
 MAX_WORLD_LINES = 3
 WORLD_LINE_SECONDS = 600.0  # an npc:event older than this is no longer "what the world just said"
 

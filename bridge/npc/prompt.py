@@ -150,11 +150,15 @@ def format_memory_lines(memories: Sequence[tuple[str, datetime]], zone: tzinfo |
 
     A naive `heard_at` is taken as already in the wanted zone.
     """
-    lines = []
-    for text, heard_at in memories:
-        local = heard_at if heard_at.tzinfo is None else heard_at.astimezone(zone)
-        lines.append(f"- ({local.month}/{local.day}) {_one_line(text)}")
-    return lines
+    return [format_memory_line(text, heard_at, zone) for text, heard_at in memories]
+
+
+def format_memory_line(text: str, heard_at: datetime | None, zone: tzinfo | None) -> str:
+    """`- (M/D) text`, the date lets the model place "来週" in time; `- text` when the date is unknown."""
+    if heard_at is None:
+        return f"- {_one_line(text)}"
+    local = heard_at if heard_at.tzinfo is None else heard_at.astimezone(zone)
+    return f"- ({local.month}/{local.day}) {_one_line(text)}"
 
 
 def estimate_tokens(text: str) -> int:
