@@ -297,7 +297,7 @@ class StreamParser(Protocol):
 
 @asynccontextmanager
 async def open_stream(
-    client: httpx.AsyncClient, backend: str, path: str, body: dict[str, Any], timeouts: httpx.Timeout
+    client: httpx.AsyncClient, backend: str, path: str | httpx.URL, body: dict[str, Any], timeouts: httpx.Timeout
 ) -> AsyncIterator[httpx.Response]:
     """POST and yield the response once it has a success status; everything else as an LLMError.
 
@@ -327,6 +327,8 @@ class StreamingBackend(LLMBackend):
     ) -> None:
         self.url = url.rstrip("/")
         self._client = make_client(self.url)
+        # Absolute, parsed once: a relative path is parsed and joined with the base URL on every request.
+        self._endpoint = httpx.URL(self.url + self.path)
         self._retry = retry
         self._stall_seconds = stall_seconds
 
@@ -354,7 +356,7 @@ class StreamingBackend(LLMBackend):
             try:
                 body = self._body(request, fallback)
                 timeout = request_timeout(deadline.remaining())
-                async with open_stream(self._client, self.name, self.path, body, timeout) as response:
+                async with open_stream(self._client, self.name, self._endpoint, body, timeout) as response:
                     self._accepted(request, fallback)
                     parser = self._parser(request, retry.attempts)
                     reader = LineReader(self.name, response, self._stall_seconds)

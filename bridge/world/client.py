@@ -466,7 +466,10 @@ class WorldLink:
 
     async def _send_frame(self, ws: ClientConnection, frame: bytes) -> bool:
         try:
-            await asyncio.wait_for(ws.send(frame), SEND_TIMEOUT_SECONDS)
+            # timeout(), not wait_for(): 3.11's wait_for wraps the send in a task, one more trip through
+            # the event loop on the reply path (the frame is normally written at once, without waiting).
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                await ws.send(frame)
         except ConnectionClosed:
             return False
         except TimeoutError:

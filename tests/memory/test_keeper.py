@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -15,7 +14,7 @@ from bridge.llm.gate import LLMGate, Priority
 from bridge.llm.ollama import OllamaBackend
 from bridge.memory.keeper import forget_by_number, show_lines
 from bridge.memory.models import Memory, MemoryFile, PendingLine
-from bridge.memory.store import MemoryStore
+from bridge.memory.store import MemoryStore, render
 from tests.fakes.llm_servers import Answer, Error, FakeOllama
 from tests.memory.helpers import FAST_RETRY, eventually, make_keeper, read_file, running
 
@@ -104,9 +103,7 @@ async def test_an_unreachable_model_keeps_the_pending_conversation(tmp_path: Pat
     try:
         with capture_logs() as logs:
             async with running(make_keeper(tmp_path, backend)) as keeper:
-                await keeper.note_exchange(
-                    "cafe-minori", player="ここの紅茶がすきなんだよ", npc="はい。", at=AT
-                )
+                await keeper.note_exchange("cafe-minori", player="ここの紅茶がすきなんだよ", npc="はい。", at=AT)
                 await eventually(lambda: [e["event"] for e in logs].count("memory_extraction_failed") >= 3)
     finally:
         await backend.aclose()
@@ -170,18 +167,14 @@ async def test_pending_left_by_a_previous_run_is_extracted_at_start(
         npc_id="ryokan-fumi",
         pending=(PendingLine(player="来月また泊まりに来るよ", npc="お待ちしております。", at=AT),),
     )
-    (tmp_path / "ryokan-fumi.json").write_text(json.dumps(leftover.to_json_data(), ensure_ascii=False))
+    (tmp_path / "ryokan-fumi.json").write_text(render(leftover))
     ollama.script('{"memories": ["ユーザーは来月また泊まりに来る予定"]}')
     async with running(make_keeper(tmp_path, backend)):
         request = await ollama.wait_for_requests(1)
         await eventually(lambda: read_file(tmp_path, "ryokan-fumi")["pending"] == [])
     assert "来月また泊まりに来るよ" in request.messages[1]["content"]
-    assert (
-        "2026年9月29日" in request.messages[1]["content"]
-    )  # the day it was said, not the day of the restart
-    assert [m["text"] for m in read_file(tmp_path, "ryokan-fumi")["memories"]] == [
-        "ユーザーは来月また泊まりに来る予定"
-    ]
+    assert "2026年9月29日" in request.messages[1]["content"]  # the day it was said, not the day of the restart
+    assert [m["text"] for m in read_file(tmp_path, "ryokan-fumi")["memories"]] == ["ユーザーは来月また泊まりに来る予定"]
 
 
 async def test_an_event_line_is_part_of_the_conversation(
@@ -223,9 +216,7 @@ async def test_candidate_text_is_logged_only_with_log_content(
     assert [e["text"] for e in logs if e["event"] == "memory_kept"] == ["ユーザーは紅茶が好き"]
 
 
-async def test_stored_memories_are_not_kept_twice(
-    tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend
-) -> None:
+async def test_stored_memories_are_not_kept_twice(tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend) -> None:
     ollama.script(TEA, '{"memories": ["ユーザーは、紅茶が好き。"]}')
     async with running(make_keeper(tmp_path, backend)) as keeper:
         for _ in range(2):
@@ -235,9 +226,7 @@ async def test_stored_memories_are_not_kept_twice(
     assert [m["text"] for m in read_file(tmp_path, "cafe-minori")["memories"]] == ["ユーザーは紅茶が好き"]
 
 
-async def test_replies_go_before_an_extraction(
-    tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend
-) -> None:
+async def test_replies_go_before_an_extraction(tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend) -> None:
     gate = LLMGate(1)
     async with running(make_keeper(tmp_path, backend, gate=gate)) as keeper:
         async with gate.slot(Priority.REPLY):  # a reply holds the only slot past the silence
@@ -266,21 +255,15 @@ async def test_recall_dates_memories_in_the_configured_zone(
 ) -> None:
     late_evening_utc = datetime(2026, 9, 29, 23, 30, tzinfo=UTC)  # already 9/30 in Tokyo
     store = MemoryStore(tmp_path, limit=60)
-    await store.add_memories(
-        "cafe-minori", ["ユーザーは来週の土曜にキャンプに行く"], late_evening_utc, "extraction"
-    )
+    await store.add_memories("cafe-minori", ["ユーザーは来週の土曜にキャンプに行く"], late_evening_utc, "extraction")
     keeper = make_keeper(tmp_path, backend, timezone=zone)
     assert await keeper.recall("cafe-minori", query="") == [f"- {shown} ユーザーは来週の土曜にキャンプに行く"]
 
 
-async def test_recall_gives_the_newest_configured_number_oldest_first(
-    tmp_path: Path, backend: OllamaBackend
-) -> None:
+async def test_recall_gives_the_newest_configured_number_oldest_first(tmp_path: Path, backend: OllamaBackend) -> None:
     store = MemoryStore(tmp_path, limit=60)
     for day in range(1, 6):
-        await store.add_memories(
-            "cafe-minori", [f"ユーザーの記憶その{day}"], AT.replace(day=day), "extraction"
-        )
+        await store.add_memories("cafe-minori", [f"ユーザーの記憶その{day}"], AT.replace(day=day), "extraction")
     keeper = make_keeper(tmp_path, backend, memory_recall=3)
     assert await keeper.recall("cafe-minori", query="") == [
         "- (9/3) ユーザーの記憶その3",
@@ -292,9 +275,7 @@ async def test_recall_gives_the_newest_configured_number_oldest_first(
 
 async def test_inline_memories_are_checked_and_stored(tmp_path: Path, backend: OllamaBackend) -> None:
     keeper = make_keeper(tmp_path, backend)
-    kept = await keeper.save_inline(
-        "cafe-minori", ["ユーザーは眠い", "ユーザーはジャズが好き", "ジャズが好き"], at=AT
-    )
+    kept = await keeper.save_inline("cafe-minori", ["ユーザーは眠い", "ユーザーはジャズが好き", "ジャズが好き"], at=AT)
     assert kept == ["ユーザーはジャズが好き"]
     assert read_file(tmp_path, "cafe-minori")["memories"][0]["source"] == "inline"
 

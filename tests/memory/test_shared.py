@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -14,6 +13,7 @@ from bridge.errors import SharedMemoryUnavailable
 from bridge.llm.ollama import OllamaBackend
 from bridge.memory.models import MemoryFile, OutboxItem
 from bridge.memory.shared import SHARED_SOURCE, SharedMemoryClient
+from bridge.memory.store import render
 from tests.fakes.llm_servers import FakeOllama
 from tests.memory.helpers import FAST_RETRY, eventually, make_keeper, read_file, running
 from tests.memory.memory_service import FakeMemoryService
@@ -47,9 +47,7 @@ async def backend() -> AsyncIterator[OllamaBackend]:
 async def test_recall_posts_the_query_and_reads_the_memories(
     service: FakeMemoryService, client: SharedMemoryClient
 ) -> None:
-    service.stored.append(
-        {"text": "ユーザーは紅茶が好き", "created_at": "2026-09-20T10:00:00+09:00", "source": "app"}
-    )
+    service.stored.append({"text": "ユーザーは紅茶が好き", "created_at": "2026-09-20T10:00:00+09:00", "source": "app"})
     found = await client.recall("紅茶ある？", limit=5)
     assert service.recall_bodies == [{"query": "紅茶ある？", "limit": 5}]
     assert [(m.text, m.created_at, m.source) for m in found] == [
@@ -57,9 +55,7 @@ async def test_recall_posts_the_query_and_reads_the_memories(
     ]
 
 
-async def test_save_posts_text_source_and_time(
-    service: FakeMemoryService, client: SharedMemoryClient
-) -> None:
+async def test_save_posts_text_source_and_time(service: FakeMemoryService, client: SharedMemoryClient) -> None:
     await client.save("ユーザーは紅茶が好き", AT)
     assert service.save_bodies == [
         {"text": "ユーザーは紅茶が好き", "source": SHARED_SOURCE, "created_at": "2026-09-29T21:12:40+09:00"}
@@ -81,9 +77,7 @@ async def test_a_service_that_is_down_raises_unavailable(
 async def test_a_shared_character_recalls_from_the_service(
     tmp_path: Path, service: FakeMemoryService, client: SharedMemoryClient, backend: OllamaBackend
 ) -> None:
-    service.stored.append(
-        {"text": "ユーザーは紅茶が好き", "created_at": "2026-09-20T23:30:00+00:00", "source": "app"}
-    )
+    service.stored.append({"text": "ユーザーは紅茶が好き", "created_at": "2026-09-20T23:30:00+00:00", "source": "app"})
     keeper = make_keeper(tmp_path, backend, shared=client)
     assert await keeper.recall("haruno", query="紅茶のむ？") == ["- (9/21) ユーザーは紅茶が好き"]
     assert service.recall_bodies == [{"query": "紅茶のむ？", "limit": 5}]
@@ -95,9 +89,7 @@ async def test_a_shared_character_recalls_from_the_service(
 async def test_while_the_service_is_down_recall_is_empty_and_saves_wait_on_disk(
     tmp_path: Path, service: FakeMemoryService, client: SharedMemoryClient, backend: OllamaBackend
 ) -> None:
-    service.stored.append(
-        {"text": "ユーザーは紅茶が好き", "created_at": "2026-09-20T10:00:00+09:00", "source": "app"}
-    )
+    service.stored.append({"text": "ユーザーは紅茶が好き", "created_at": "2026-09-20T10:00:00+09:00", "source": "app"})
     await service.stop()
     with capture_logs() as logs:
         async with running(make_keeper(tmp_path, backend, shared=client)) as keeper:
@@ -128,7 +120,7 @@ async def test_memories_queued_before_a_restart_are_delivered_after_it(
         npc_id="haruno",
         outbox=(OutboxItem(text="ユーザーは猫を二匹飼っている", created_at=AT, source=SHARED_SOURCE),),
     )
-    (tmp_path / "haruno.json").write_text(json.dumps(queued.to_json_data(), ensure_ascii=False))
+    (tmp_path / "haruno.json").write_text(render(queued))
     async with running(make_keeper(tmp_path, backend, shared=client)):
         await eventually(lambda: len(service.stored) == 1)
         await eventually(lambda: "outbox" not in read_file(tmp_path, "haruno"))

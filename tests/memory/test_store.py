@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bridge.errors import MemoryStoreError
-from bridge.memory.models import PendingLine
+from bridge.memory.models import MemoryFile, PendingLine
 from bridge.memory.store import MemoryStore
 
 JST = timezone(timedelta(hours=9))
@@ -159,9 +159,7 @@ async def test_recent_gives_the_newest_oldest_first(tmp_path: Path) -> None:
 
 async def test_forget_one_or_all(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path, limit=60)
-    await store.add_memories(
-        "cafe-minori", ["ユーザーの記憶0", "ユーザーの記憶1", "ユーザーの記憶2"], AT, "extraction"
-    )
+    await store.add_memories("cafe-minori", ["ユーザーの記憶0", "ユーザーの記憶1", "ユーザーの記憶2"], AT, "extraction")
     assert await store.forget("cafe-minori", 1) == 1
     assert [m.text for m in await store.memories("cafe-minori")] == ["ユーザーの記憶0", "ユーザーの記憶2"]
     with pytest.raises(IndexError):
@@ -195,9 +193,7 @@ async def test_the_memory_folder_is_created_on_first_write(tmp_path: Path) -> No
 
 async def test_times_keep_their_offset(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path, limit=60)
-    await store.add_memories(
-        "cafe-minori", ["ユーザーは紅茶が好き"], datetime(2026, 9, 29, 12, tzinfo=UTC), "inline"
-    )
+    await store.add_memories("cafe-minori", ["ユーザーは紅茶が好き"], datetime(2026, 9, 29, 12, tzinfo=UTC), "inline")
     data = json.loads((tmp_path / "cafe-minori.json").read_text(encoding="utf-8"))
     assert data["memories"][0]["heard_at"] == "2026-09-29T12:00:00+00:00"
 
@@ -217,9 +213,7 @@ async def test_reading_does_not_wait_for_a_write_in_flight(tmp_path: Path, monke
             time.sleep(0.005)
 
     monkeypatch.setattr(store_module, "_fsync_dir", slow_fsync_dir)
-    writing = asyncio.create_task(
-        store.append_pending("cafe-minori", PendingLine(player="二", npc="はい。", at=AT))
-    )
+    writing = asyncio.create_task(store.append_pending("cafe-minori", PendingLine(player="二", npc="はい。", at=AT)))
     await asyncio.sleep(0.05)
     assert not writing.done()
     try:
@@ -243,7 +237,28 @@ def test_the_file_is_one_item_a_line_and_round_trips() -> None:
         ],
         "pending": [],
     }
-    text = render(data)
+    text = render(MemoryFile.model_validate(data))
     assert json.loads(text) == data
     assert '    {"text": "ユーザーは紅茶が好き", "heard_at"' in text.splitlines()[4]
     assert text.endswith("}\n")
+
+
+async def test_a_failed_write_leaves_file_cache_and_folder_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.memory.store as store_module
+
+    store = MemoryStore(tmp_path, limit=60)
+    await store.append_pending("cafe-minori", PendingLine(player="一", npc="はい。", at=AT))
+    before = (tmp_path / "cafe-minori.json").read_bytes()
+
+    def full_disk(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "replace", full_disk)
+    with pytest.raises(MemoryStoreError, match="No space left"):
+        await store.append_pending("cafe-minori", PendingLine(player="二", npc="はい。", at=AT))
+
+    assert files_in(tmp_path) == ["cafe-minori.json"]  # the temporary file is gone
+    assert (tmp_path / "cafe-minori.json").read_bytes() == before
+    assert [line.player for line in await store.pending("cafe-minori")] == ["一"]

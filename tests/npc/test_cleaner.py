@@ -144,6 +144,21 @@ def test_the_player_name_is_an_other_speaker_only_when_passed() -> None:
     assert cut.text == "はい。"
 
 
+@pytest.mark.parametrize(
+    ("name", "raw", "text"),
+    [
+        ("Dr. Kato", "Here you are. Dr. Kato: Thanks!", "Here you are."),  # a name holding a sentence end
+        ("Kato", "Yes. Hi. Kato: Thanks!", "Yes. Hi."),  # the label starts at a later boundary
+        ("ken", "はい。\nKEN さん : どうも", "はい。"),
+        ("さくらさん", "はい。さくらさん：どうも", "はい。"),  # the honorific is part of the name
+        ("たろう", "はい。じろう：どうも。", "はい。じろう：どうも。"),  # somebody else's name is text
+    ],
+)
+def test_a_players_label_is_found_whatever_the_name_holds(name: str, raw: str, text: str) -> None:
+    result = clean(raw, own_names=OWN, other_speakers=(name,), max_sentences=3, max_chars=90)
+    assert result.text == text
+
+
 def test_a_player_named_like_the_npc_does_not_cut_the_npcs_own_prefix() -> None:
     result = clean("みのり：はい、どうぞ。", own_names=OWN, other_speakers=("みのり",), max_sentences=2, max_chars=90)
     assert result.text == "はい、どうぞ。"

@@ -256,6 +256,7 @@ def overhead_figures(
     queued_ms: list[float] = []
     slot_wait_ms: list[float] = []
     sources: dict[str, int] = {}
+    tail: list[dict[str, Any]] = []
     missing = 0
     for event_id in sent:
         timing = timings.get(event_id)
@@ -274,6 +275,16 @@ def overhead_figures(
         inject_to_llm.append(timing.arrived - sent_at)
         if q_ms <= QUEUED_THRESHOLD_MS:
             inject_to_llm_unqueued.append(timing.arrived - sent_at)
+            logged = iso_seconds(queued_log[event_id]["timestamp"]) if event_id in queued_log else None
+            tail.append(
+                {
+                    "event_id": event_id,
+                    "sent_at": sent_at,
+                    "inject_to_llm_ms": round((timing.arrived - sent_at) * 1000, 3),
+                    "world_to_bridge_log_ms": None if logged is None else round((logged - sent_at) * 1000, 3),
+                    "bridge_log_to_llm_ms": None if logged is None else round((timing.arrived - logged) * 1000, 3),
+                }
+            )
             if event_id in queued_log:
                 bridge_to_llm_unqueued.append(timing.arrived - iso_seconds(queued_log[event_id]["timestamp"]))
         if event_id in queued_log:
@@ -281,6 +292,7 @@ def overhead_figures(
         if timing.writes:
             answer_to_say.append(said_at_seconds(entry) - timing.writes[-1])
     queued = [q for q in queued_ms if q > QUEUED_THRESHOLD_MS]
+    tail.sort(key=lambda sample: sample["inject_to_llm_ms"], reverse=True)
     return {
         "players": level.players,
         "pace_seconds": level.mean_interval_seconds,
@@ -297,6 +309,8 @@ def overhead_figures(
         "queued_ms": summary_ms([q / 1000 for q in queued_ms]),
         "slot_wait_ms": summary_ms([s / 1000 for s in slot_wait_ms]),
         "inject_stamp": "world record" if talk_stamps else "before POST /debug/talk (upper bound)",
+        # The slowest unqueued lines, to read beside the daemon's log (work/part1/bridge.log).
+        "slowest_inject_to_llm": tail[:10],
     }
 
 
