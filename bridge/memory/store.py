@@ -51,11 +51,11 @@ def render(content: MemoryFile) -> str:
     fields: list[tuple[str, str | tuple[str, ...]]] = [
         ("version", json.dumps(content.version)),
         ("npc_id", json.dumps(content.npc_id, ensure_ascii=False)),
-        ("memories", tuple(item.json_line() for item in content.memories)),
-        ("pending", tuple(item.json_line() for item in content.pending)),
+        ("memories", tuple(item.json_line for item in content.memories)),
+        ("pending", tuple(item.json_line for item in content.pending)),
     ]
     if content.outbox:
-        fields.append(("outbox", tuple(item.json_line() for item in content.outbox)))
+        fields.append(("outbox", tuple(item.json_line for item in content.outbox)))
     lines = ["{"]
     for number, (key, value) in enumerate(fields):
         comma = "," if number < len(fields) - 1 else ""

@@ -375,6 +375,21 @@ def test_what_has_enough_stops_at_cleans_to_the_kept_sentences() -> None:
     assert _clean(so_far) == Cleaned(text="いらっしゃいませ！ごゆっくりどうぞ。", emotion="happy", sentences=2)
 
 
+def test_the_quick_test_before_has_enough_never_changes_its_answer() -> None:
+    from bridge.npc.cleaner import _has_enough
+
+    raws = [raw for raw, _, _ in RAW_REPLY_EXAMPLES] + [raw for raw, _ in OTHER_SPEAKER_LINES]
+    raws += ["はい。[INST] 次の", "はい。[inst]", "Sure. Here you go. More", "「はい！」と。次", "紅茶\n# 見出し"]
+    checked = 0
+    for raw in raws:
+        for end in range(1, len(raw) + 1):
+            for max_sentences in (1, 2, 3):
+                options = {"own_names": OWN, "other_speakers": OTHERS, "max_sentences": max_sentences}
+                assert has_enough(raw[:end], **options) == _has_enough(raw[:end], **options), (raw[:end], options)
+                checked += 1
+    assert checked > 1000
+
+
 INLINE_MEMORY = [
     (
         "いらっしゃいませ。<memory>\n- ユーザーは紅茶が好き\n\n- ユーザーは猫を飼っている\n</memory>",
