@@ -137,7 +137,7 @@ class App:
 
     async def _pump_events(self) -> None:
         async for event in self.link.events():
-            await self.dispatcher.handle(event)
+            self.dispatcher.handle(event)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -114,7 +116,9 @@ async def test_after_silence_the_memory_is_extracted_and_recalled_with_its_date_
     replies = [r for r in llm.requests if "format" not in r.body]
     cafe_prompt = json.dumps(replies[1].messages, ensure_ascii=False)
     cinema_prompt = json.dumps(replies[2].messages, ensure_ascii=False)
-    month, day = int(heard_at[5:7]), int(heard_at[8:10])  # heard_at is in Asia/Tokyo already
+    # The date as seen in the configured zone (the file keeps the time with its own offset).
+    local = datetime.fromisoformat(heard_at).astimezone(ZoneInfo("Asia/Tokyo"))
+    month, day = local.month, local.day
     assert f"- ({month}/{day}) {TEA_MEMORY}" in cafe_prompt
     assert TEA_MEMORY not in json.dumps(replies[1].messages[0], ensure_ascii=False)  # never in the system message
     assert TEA_MEMORY not in cinema_prompt and "紅茶" not in cinema_prompt

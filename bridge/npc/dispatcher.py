@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -102,11 +103,12 @@ class Dispatcher:
 
     # ---- events in -------------------------------------------------------------------------------
 
-    async def handle(self, event: Talk | NpcEvent | PlayerLeft) -> None:
+    def handle(self, event: Talk | NpcEvent | PlayerLeft) -> None:
+        """Take one world event; never waits (the world link's next frame is not held up)."""
         if isinstance(event, Talk):
             self._take_talk(event)
         elif isinstance(event, NpcEvent):
-            await self._take_world_line(event)
+            self._take_world_line(event)
         else:
             self._player_left(event.player_id)
 
@@ -140,12 +142,16 @@ class Dispatcher:
             player_text=line.text if self._log_content else None,
         )
 
-    async def _take_world_line(self, event: NpcEvent) -> None:
-        if event.npc_id not in self._queues:
+    def _take_world_line(self, event: NpcEvent) -> None:
+        queue = self._queues.get(event.npc_id)
+        if queue is None:
             return
         self._conversations.note_world_line(event.npc_id, event.player_id, event.text)
         if event.player_id is not None:
-            await self._memory.note_event(event.npc_id, text=event.text, at=_from_ms(event.at))
+            # Written in the NPC's note order, not awaited here: a memory write (an fsync) would hold
+            # up every talk behind this event.
+            npc_id, text, at = event.npc_id, event.text, _from_ms(event.at)
+            self._note_later(queue, lambda: self._memory.note_event(npc_id, text=text, at=at))
 
     def _player_left(self, player_id: str) -> None:
         for queue in self._queues.values():
@@ -284,22 +290,27 @@ class Dispatcher:
             player_text=line.text if self._log_content else None,
             npc_text=reply.text if self._log_content else None,
         )
-        queue.noting = asyncio.create_task(
-            self._note(queue.noting, talk.npc_id, line.text, reply, now), name=f"note:{talk.npc_id}"
-        )
+        self._note_later(queue, lambda: self._note_exchange(talk.npc_id, line.text, reply, now))
+
+    async def _note_exchange(self, npc_id: str, player: str, reply: Reply, at: datetime) -> None:
+        await self._memory.note_exchange(npc_id, player=player, npc=reply.text, at=at)
+        if reply.memory_lines:
+            await self._memory.save_inline(npc_id, reply.memory_lines, at=at)
+
+    def _note_later(self, queue: _NpcQueue, write: Callable[[], Awaitable[None]]) -> None:
+        """Write to the NPC's pending conversation after the previous note, while the NPC goes on."""
+        npc_id = queue.character.id
+        queue.noting = asyncio.create_task(self._note(queue.noting, npc_id, write), name=f"note:{npc_id}")
         self._notes.add(queue.noting)
         queue.noting.add_done_callback(self._notes.discard)
 
     async def _note(
-        self, previous: asyncio.Task[None] | None, npc_id: str, player: str, reply: Reply, at: datetime
+        self, previous: asyncio.Task[None] | None, npc_id: str, write: Callable[[], Awaitable[None]]
     ) -> None:
-        """Write one exchange to the NPC's pending conversation, after the one before it."""
         if previous is not None:
             await asyncio.wait({previous})  # its own errors are its own: only the order matters here
         try:
-            await self._memory.note_exchange(npc_id, player=player, npc=reply.text, at=at)
-            if reply.memory_lines:
-                await self._memory.save_inline(npc_id, reply.memory_lines, at=at)
+            await write()
         except Exception:
             log.exception("memory_note_failed", npc=npc_id)
 

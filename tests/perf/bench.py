@@ -32,10 +32,12 @@ from tests.perf.support import (
     TOKEN,
     Daemon,
     Injector,
+    LLMProcess,
     TimedOllama,
     Timing,
     bridge_env,
     cpu_percent,
+    instant_answer,
     proc_sample,
     said_at_seconds,
     summary_ms,
@@ -118,18 +120,6 @@ QUICK = Plan(
 # ---- shared set-up ------------------------------------------------------------------------------------
 
 
-def instant_answer(counter: list[int]) -> Callable[[dict[str, Any]], Answer | str]:
-    """Two sentences, never the same twice (the bridge regenerates a repeated line), sent at once."""
-
-    def respond(body: dict[str, Any]) -> Answer | str:
-        if "format" in body:
-            return '{"memories": []}'
-        counter[0] += 1
-        return f"[happy]いらっしゃいませ、{counter[0]}番目のお客様ですね。どうぞごゆっくりお過ごしください。"
-
-    return respond
-
-
 class Bench:
     def __init__(self, plan: Plan, work: Path, *, profile: bool = False) -> None:
         self.plan = plan
@@ -145,7 +135,7 @@ class Bench:
     async def with_daemon(
         self,
         name: str,
-        llm: TimedOllama,
+        llm: TimedOllama | LLMProcess,
         body: Callable[[WorldServer, Daemon, Injector], Awaitable[dict[str, Any]]],
         **env: str,
     ) -> dict[str, Any]:
@@ -212,8 +202,8 @@ def iso_seconds(stamp: str) -> float:
 
 
 async def part1(bench: Bench) -> dict[str, Any]:
-    counter = [0]
-    async with TimedOllama(default=instant_answer(counter), piece_chars=4) as llm:
+    # The loopback LLM runs in its own process: see llm_process.py.
+    async with LLMProcess() as llm:
 
         async def body(world: WorldServer, daemon: Daemon, injector: Injector) -> dict[str, Any]:
             # One warm-up line per NPC: first connections, first file writes.
@@ -226,7 +216,7 @@ async def part1(bench: Bench) -> dict[str, Any]:
                 print(f"  part 1: {level.players} players for {level.duration_seconds:.0f} s ...", flush=True)
                 sent = await run_level(bench, number, level, injector)
                 record = await wait_for_says(world, set(sent), 15.0)
-                levels.append(overhead_figures(level, sent, record, llm, daemon, injector))
+                levels.append(overhead_figures(level, sent, record, await llm.first_by_tag(), daemon, injector))
             return {"levels": levels, "stamp_resolution": world_stamp_resolution(await world.record())}
 
         return await bench.with_daemon("part1", llm, body)
@@ -246,11 +236,10 @@ def overhead_figures(
     level: Level,
     sent: list[str],
     record: dict[str, Any],
-    llm: TimedOllama,
+    timings: dict[str, Timing],
     daemon: Daemon,
     injector: Injector,
 ) -> dict[str, Any]:
-    timings = llm.first_by_tag()
     said = {e["payload"]["replyTo"]: e for e in record["said"]}
     talk_stamps = world_talk_stamps(record)
     events = daemon.events()

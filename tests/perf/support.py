@@ -88,12 +88,65 @@ class TimedOllama(FakeOllama):
             timing.writes.append(time.time())
 
     def first_by_tag(self) -> dict[str, Timing]:
-        """The first request made for each tagged talk (a regeneration would be a second one)."""
-        found: dict[str, Timing] = {}
-        for timing in self.timings:
-            if timing.tag is not None and timing.tag not in found:
-                found[timing.tag] = timing
-        return found
+        return first_by_tag(self.timings)
+
+
+def first_by_tag(timings: Sequence[Timing]) -> dict[str, Timing]:
+    """The first request made for each tagged talk (a regeneration would be a second one)."""
+    found: dict[str, Timing] = {}
+    for timing in timings:
+        if timing.tag is not None and timing.tag not in found:
+            found[timing.tag] = timing
+    return found
+
+
+class LLMProcess:
+    """The instant loopback LLM of `llm_process.py`, run as a subprocess; its stamps read over HTTP."""
+
+    def __init__(self) -> None:
+        self.process: asyncio.subprocess.Process | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> LLMProcess:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.perf.llm_process", cwd=REPO, stdout=asyncio.subprocess.PIPE
+        )
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), 30)
+        self.url = line.decode().strip()
+        if not self.url.startswith("http://"):
+            raise RuntimeError(f"the loopback LLM process did not start: {line!r}")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+    async def first_by_tag(self) -> dict[str, Timing]:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            rows = (await client.get(f"{self.url}/bench/timings")).json()
+        timings = [
+            Timing(arrived=row["arrived"], tag=row["tag"], writes=row["writes"], extraction=row["extraction"])
+            for row in rows
+        ]
+        return first_by_tag(timings)
+
+
+def instant_answer(counter: list[int]) -> Callable[[dict[str, Any]], Answer | str]:
+    """Two sentences, never the same twice (the bridge regenerates a repeated line), sent at once."""
+
+    def respond(body: dict[str, Any]) -> Answer | str:
+        if "format" in body:
+            return '{"memories": []}'
+        counter[0] += 1
+        return f"[happy]いらっしゃいませ、{counter[0]}番目のお客様ですね。どうぞごゆっくりお過ごしください。"
+
+    return respond
 
 
 def find_tag(messages: Sequence[dict[str, Any]]) -> str | None:
