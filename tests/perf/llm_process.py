@@ -22,6 +22,22 @@ from tests.perf.support import TimedOllama, instant_answer
 
 
 class StampingOllama(TimedOllama):
+    """Instant: the whole streamed answer (its NDJSON lines of 4-character pieces and the final line)
+    goes out in one write, as a model that has the answer ready would send it; one write also keeps
+    this process's own work from delaying the next request's arrival stamp."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._held: dict[int, list[bytes]] = {}
+
+    async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+        timing = self._live.get(id(request))
+        record = timing.record if timing is not None else None
+        if record is not None and record.pieces_sent < record.pieces_planned:
+            self._held.setdefault(id(request), []).append(data)
+            return
+        await super()._write(request, response, b"".join([*self._held.pop(id(request), []), data]))
+
     def _add_routes(self, app: web.Application) -> None:
         super()._add_routes(app)
         app.router.add_get("/bench/timings", self._timings)
