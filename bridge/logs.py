@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, MutableMapping
+import time
+from collections.abc import Callable, Hashable, Iterable, MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -148,3 +149,31 @@ def bind(**context: Any) -> None:
 def content(enabled: bool, **fields: Any) -> MutableMapping[str, Any]:
     """Fields holding player or NPC text, or nothing when content logging is off."""
     return dict(fields) if enabled else {}
+
+
+class Throttle:
+    """At most `burst` log lines per key in each `window_seconds`; the rest are only counted.
+
+    For lines a peer can cause at will (a world flooding bad frames must not flood the journal).
+    `admit` returns None for a line to drop, else how many lines of that key were dropped since the
+    last one let through (0 when none), to be logged with it.
+    """
+
+    def __init__(
+        self, *, burst: int = 10, window_seconds: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._burst = burst
+        self._window_seconds = window_seconds
+        self._clock = clock
+        self._windows: dict[Hashable, tuple[float, int, int]] = {}  # key -> (start, let through, dropped)
+
+    def admit(self, key: Hashable) -> int | None:
+        now = self._clock()
+        start, passed, dropped = self._windows.get(key, (now, 0, 0))
+        if now - start >= self._window_seconds:
+            start, passed = now, 0
+        if passed >= self._burst:
+            self._windows[key] = (start, passed, dropped + 1)
+            return None
+        self._windows[key] = (start, passed + 1, 0)
+        return dropped

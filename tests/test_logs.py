@@ -83,3 +83,15 @@ def test_console_format_is_not_json(output: io.StringIO) -> None:
     assert "hello_console" in output.getvalue()
     with pytest.raises(json.JSONDecodeError):
         json.loads(output.getvalue().splitlines()[0])
+
+
+def test_throttle_lets_a_burst_through_then_counts_until_the_next_window() -> None:
+    now = [0.0]
+    throttle = logs.Throttle(burst=3, window_seconds=60.0, clock=lambda: now[0])
+    assert [throttle.admit("bad_frame") for _ in range(5)] == [0, 0, 0, None, None]
+    assert throttle.admit("invalid") == 0  # each key has its own window
+    now[0] = 59.9
+    assert throttle.admit("bad_frame") is None
+    now[0] = 60.0
+    assert throttle.admit("bad_frame") == 3  # the next line says how many were not logged
+    assert throttle.admit("bad_frame") == 0

@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from bridge import __version__
 from bridge.errors import WorldAuthError, WorldError, WorldProtocolError, WorldUnavailable
+from bridge.logs import Throttle
 from bridge.world import codec
 from bridge.world.backoff import Backoff
 from bridge.world.matchmaking import (
@@ -55,6 +56,9 @@ MAX_WS_FRAME_BYTES = 16 * 1024 * 1024  # a large room state must never close the
 MAX_CLIENT_FRAME_BYTES = 4000  # the server refuses client frames over 4096 bytes (close 1009)
 MAX_TALK_CHARS = 200
 EVENT_QUEUE_SIZE = 1000
+# Log lines per kind of ignored message per window; past that, a count comes with the next line.
+IGNORED_LOG_BURST = 10
+IGNORED_LOG_WINDOW_SECONDS = 60.0
 SAY_BUFFER_SIZE = 100
 SAY_MAX_AGE_SECONDS = 60.0
 HANDSHAKE_TIMEOUT_SECONDS = 15.0
@@ -111,6 +115,8 @@ class WorldLink:
         self._room = room
         self._token = token
         self._npc_ids = tuple(dict.fromkeys(npc_ids))
+        # What the world sends is the world's choice: a flood of bad frames is logged, not journaled whole.
+        self._throttle = Throttle(burst=IGNORED_LOG_BURST, window_seconds=IGNORED_LOG_WINDOW_SECONDS, clock=clock)
         self._on_status = on_status
         self._backoff = backoff or Backoff()
         self._clock = clock
@@ -447,9 +453,21 @@ class WorldLink:
         try:
             self._queue.put_nowait(message)
         except asyncio.QueueFull:
-            log.warning("world_event_dropped", reason="queue_full", type=type(message).__name__)
+            dropped = self._throttle.admit(("event_dropped", type(message).__name__))
+            if dropped is not None:
+                log.warning(
+                    "world_event_dropped",
+                    reason="queue_full",
+                    type=type(message).__name__,
+                    **({"not_logged_before": dropped} if dropped else {}),
+                )
 
     def _ignored(self, reason: str, message_type: str | int | None, **fields: Any) -> None:
+        dropped = self._throttle.admit(("ignored", reason, message_type))
+        if dropped is None:
+            return
+        if dropped:
+            fields["not_logged_before"] = dropped
         log.warning("world_message_ignored", reason=reason, type=message_type, **fields)
 
     # ------------------------------------------------------------ outgoing

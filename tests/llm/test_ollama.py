@@ -284,3 +284,22 @@ async def test_finished_answers_leave_the_connection_for_the_next_request() -> N
             await backend.aclose()
     ports = {record.client_port for record in server.requests}
     assert len(server.requests) == 3 and len(ports) == 1
+
+
+async def test_a_connection_idle_between_players_lines_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpcore._async.http11 as http11
+
+    clock = [time.monotonic()]
+    monkeypatch.setattr(http11.time, "monotonic", lambda: clock[0])
+    async with FakeOllama() as server:
+        backend = OllamaBackend(server.url)
+        try:
+            for _ in range(2):
+                async with aclosing(backend.stream(reply_request())) as chunks:
+                    async for chunk in chunks:
+                        if isinstance(chunk, Done):
+                            break
+                clock[0] += 30.0  # half a minute of quiet before the next line (httpx's default keeps 5 s)
+        finally:
+            await backend.aclose()
+    assert len({record.client_port for record in server.requests}) == 1

@@ -115,3 +115,17 @@ async def test_event_queue_overflow_is_logged_and_later_events_still_flow(world:
         received = [await h.next_event(), await h.next_event()]
         assert [e.id for e in received if isinstance(e, Talk)] == ids[:2]
         await _still_up(world, h)
+
+
+async def test_a_flood_of_bad_messages_is_logged_a_few_lines_at_a_time(world: WorldServer) -> None:
+    from bridge.world.client import IGNORED_LOG_BURST
+
+    async with running_link(world.url, WORLD_TOKEN) as h:
+        await h.joined()
+        with capture_logs() as logs:
+            for _ in range(IGNORED_LOG_BURST * 5):
+                assert await world.inject_message("npc:dance", {"npcId": "cafe-minori"}) == 1
+            assert await world.inject_message("npc:sing", {"npcId": "cafe-minori"}) == 1
+            await _still_up(world, h)
+    ignored = [(e["type"], e["reason"]) for e in logs if e["event"] == "world_message_ignored"]
+    assert ignored == [("npc:dance", "unknown_type")] * IGNORED_LOG_BURST + [("npc:sing", "unknown_type")]
