@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from contextlib import aclosing
 
 import pytest
@@ -271,17 +272,23 @@ async def test_list_models_on_a_dead_server_raises_unavailable() -> None:
     await backend.aclose()
 
 
+async def read_answers(url: str, count: int, *, between: Callable[[], None] = lambda: None) -> None:
+    """`count` replies one after the other on one backend, each read to its `Done`."""
+    backend = OllamaBackend(url)
+    try:
+        for _ in range(count):
+            async with aclosing(backend.stream(reply_request())) as chunks:
+                async for chunk in chunks:
+                    if isinstance(chunk, Done):
+                        break
+            between()
+    finally:
+        await backend.aclose()
+
+
 async def test_finished_answers_leave_the_connection_for_the_next_request() -> None:
     async with FakeOllama() as server:
-        backend = OllamaBackend(server.url)
-        try:
-            for _ in range(3):
-                async with aclosing(backend.stream(reply_request())) as chunks:
-                    async for chunk in chunks:
-                        if isinstance(chunk, Done):
-                            break
-        finally:
-            await backend.aclose()
+        await read_answers(server.url, 3)
     ports = {record.client_port for record in server.requests}
     assert len(server.requests) == 3 and len(ports) == 1
 
@@ -291,15 +298,10 @@ async def test_a_connection_idle_between_players_lines_is_kept(monkeypatch: pyte
 
     clock = [time.monotonic()]
     monkeypatch.setattr(http11.time, "monotonic", lambda: clock[0])
+
+    def quiet() -> None:
+        clock[0] += 30.0  # half a minute of quiet before the next line (httpx's default keeps 5 s)
+
     async with FakeOllama() as server:
-        backend = OllamaBackend(server.url)
-        try:
-            for _ in range(2):
-                async with aclosing(backend.stream(reply_request())) as chunks:
-                    async for chunk in chunks:
-                        if isinstance(chunk, Done):
-                            break
-                clock[0] += 30.0  # half a minute of quiet before the next line (httpx's default keeps 5 s)
-        finally:
-            await backend.aclose()
+        await read_answers(server.url, 2, between=quiet)
     assert len({record.client_port for record in server.requests}) == 1
