@@ -6,7 +6,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -60,6 +60,7 @@ DEFAULT_RETRY = RetryPolicy()
 
 
 KEEPALIVE_SECONDS = 60.0
+LIST_MODELS_TIMEOUT_SECONDS = 10.0
 
 
 def make_client(url: str) -> httpx.AsyncClient:
@@ -304,7 +305,7 @@ class StreamParser(Protocol):
 
 @asynccontextmanager
 async def open_stream(
-    client: httpx.AsyncClient, backend: str, path: str | httpx.URL, body: dict[str, Any], timeouts: httpx.Timeout
+    client: httpx.AsyncClient, backend: str, url: httpx.URL, body: dict[str, Any], timeouts: httpx.Timeout
 ) -> AsyncIterator[httpx.Response]:
     """POST and yield the response once it has a success status; everything else as an LLMError.
 
@@ -312,7 +313,7 @@ async def open_stream(
     connection, which is what tells the server to stop generating.
     """
     try:
-        async with client.stream("POST", path, json=body, timeout=timeouts) as response:
+        async with client.stream("POST", url, json=body, timeout=timeouts) as response:
             if not response.is_success:
                 raise status_error(backend, response, await read_error_body(response))
             yield response
@@ -390,6 +391,20 @@ class StreamingBackend(LLMBackend):
                     continue
                 if not await retry.wait(exc):
                     raise
+
+    async def _list(self, path: str, pick: Callable[[Any], list[str]]) -> list[str]:
+        """GET a model list and `pick` the names from its JSON; every failure as an LLMError."""
+        try:
+            response = await self._client.get(path, timeout=LIST_MODELS_TIMEOUT_SECONDS)
+        except httpx.HTTPError as exc:
+            raise transport_error(self.name, exc) from None
+        if not response.is_success:
+            raise status_error(self.name, response, await read_error_body(response))
+        try:
+            return pick(response.json())
+        except (ValueError, KeyError, TypeError) as exc:
+            error: LLMError = LLMResponseError(f"{self.name}: {path} answer not understood ({exc!r})")
+            raise error from None
 
     async def aclose(self) -> None:
         await self._client.aclose()

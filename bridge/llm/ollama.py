@@ -4,23 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
-from bridge.errors import LLMError, LLMResponseError, LLMUnavailable
+from bridge.errors import LLMResponseError, LLMUnavailable
 from bridge.llm._http import (
     StreamingBackend,
     labelled,
     parse_json_line,
-    read_error_body,
-    status_error,
-    transport_error,
 )
 from bridge.llm.base import Chunk, Done, GenerationRequest, GenerationStats, TextChunk
 
 # Keep the model loaded between replies: loading an 8B model costs the player seconds.
 KEEP_ALIVE = "30m"
 NANOSECONDS_PER_MILLISECOND = 1_000_000
-LIST_MODELS_TIMEOUT_SECONDS = 10.0
 
 
 def chat_body(request: GenerationRequest) -> dict[str, Any]:
@@ -110,15 +104,4 @@ class OllamaBackend(StreamingBackend):
 
     async def list_models(self) -> list[str]:
         """Names as Ollama lists them, with their tag ("elyza-jp-8b:latest")."""
-        try:
-            response = await self._client.get("/api/tags", timeout=LIST_MODELS_TIMEOUT_SECONDS)
-        except httpx.HTTPError as exc:
-            raise transport_error(self.name, exc) from None
-        if not response.is_success:
-            raise status_error(self.name, response, await read_error_body(response))
-        try:
-            models = response.json()["models"]
-            return [str(entry["name"]) for entry in models]
-        except (ValueError, KeyError, TypeError) as exc:
-            error: LLMError = LLMResponseError(f"ollama: /api/tags answer not understood ({exc!r})")
-            raise error from None
+        return await self._list("/api/tags", lambda data: [str(entry["name"]) for entry in data["models"]])

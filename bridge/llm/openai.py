@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import httpx
 import structlog
 
 from bridge.errors import LLMError, LLMResponseError, LLMUnavailable
@@ -14,9 +13,6 @@ from bridge.llm._http import (
     error_label,
     labelled,
     parse_json_line,
-    read_error_body,
-    status_error,
-    transport_error,
 )
 from bridge.llm.base import Chunk, Done, GenerationRequest, GenerationStats, TextChunk
 
@@ -27,7 +23,6 @@ SCHEMA_NAME = "memories"
 # Statuses with which servers refuse a response_format they do not know: llama.cpp's Python server
 # answers 500, others 400 or 422.
 REFUSAL_STATUSES = frozenset({400, 422, 500})
-LIST_MODELS_TIMEOUT_SECONDS = 10.0
 DATA_PREFIX = "data:"
 DONE_MARKER = "[DONE]"
 
@@ -201,14 +196,4 @@ class OpenAIBackend(StreamingBackend):
 
     async def list_models(self) -> list[str]:
         """Model ids from /v1/models."""
-        try:
-            response = await self._client.get("/v1/models", timeout=LIST_MODELS_TIMEOUT_SECONDS)
-        except httpx.HTTPError as exc:
-            raise transport_error(self.name, exc) from None
-        if not response.is_success:
-            raise status_error(self.name, response, await read_error_body(response))
-        try:
-            return [str(entry["id"]) for entry in response.json()["data"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            error: LLMError = LLMResponseError(f"openai: /v1/models answer not understood ({exc!r})")
-            raise error from None
+        return await self._list("/v1/models", lambda data: [str(entry["id"]) for entry in data["data"]])

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -453,22 +453,22 @@ class WorldLink:
         try:
             self._queue.put_nowait(message)
         except asyncio.QueueFull:
-            dropped = self._throttle.admit(("event_dropped", type(message).__name__))
-            if dropped is not None:
-                log.warning(
-                    "world_event_dropped",
-                    reason="queue_full",
-                    type=type(message).__name__,
-                    **({"not_logged_before": dropped} if dropped else {}),
-                )
+            kind = type(message).__name__
+            self._warn_limited(("event_dropped", kind), "world_event_dropped", reason="queue_full", type=kind)
 
     def _ignored(self, reason: str, message_type: str | int | None, **fields: Any) -> None:
-        dropped = self._throttle.admit(("ignored", reason, message_type))
+        self._warn_limited(
+            ("ignored", reason, message_type), "world_message_ignored", reason=reason, type=message_type, **fields
+        )
+
+    def _warn_limited(self, key: Hashable, event: str, **fields: Any) -> None:
+        """A warning the world can cause at will: a few a minute per key, then a count of those left out."""
+        dropped = self._throttle.admit(key)
         if dropped is None:
             return
         if dropped:
             fields["not_logged_before"] = dropped
-        log.warning("world_message_ignored", reason=reason, type=message_type, **fields)
+        log.warning(event, **fields)
 
     # ------------------------------------------------------------ outgoing
 
