@@ -11,6 +11,7 @@ from bridge.llm._http import RetryPolicy
 from bridge.llm.ollama import OllamaBackend
 from bridge.memory.checks import comparable
 from bridge.memory.extractor import (
+    EXTRACTION_DEADLINE_SECONDS,
     EXTRACTION_INSTRUCTIONS,
     MEMORIES_SCHEMA,
     extract,
@@ -135,21 +136,29 @@ def test_the_instructions_share_no_eight_character_run_with_the_recorded_good_me
 # --- the call, against a loopback Ollama ------------------------------------------------------------
 
 
+async def extract_from(
+    server: FakeOllama, deadline_seconds: float = EXTRACTION_DEADLINE_SECONDS
+) -> list[str] | None:
+    """One extraction of CONVERSATION against `server`, as the keeper asks for it."""
+    backend = OllamaBackend(server.url, retry=FAST_RETRY)
+    try:
+        return await extract(
+            backend,
+            CONVERSATION,
+            model="elyza-jp-8b",
+            lane=None,
+            today=date(2026, 9, 29),
+            subject="ユーザー",
+            deadline_seconds=deadline_seconds,
+        )
+    finally:
+        await backend.aclose()
+
+
 async def test_extract_sends_a_json_schema_request_at_temperature_zero() -> None:
     async with FakeOllama() as server:
         server.script('{"memories": ["ユーザーは紅茶が好き"]}')
-        backend = OllamaBackend(server.url, retry=FAST_RETRY)
-        try:
-            found = await extract(
-                backend,
-                CONVERSATION,
-                model="elyza-jp-8b",
-                lane=None,
-                today=date(2026, 9, 29),
-                subject="ユーザー",
-            )
-        finally:
-            await backend.aclose()
+        found = await extract_from(server)
     assert found == ["ユーザーは紅茶が好き"]
     body = server.requests[0].body
     assert body["format"] == MEMORIES_SCHEMA
@@ -163,20 +172,8 @@ async def test_extract_closes_the_stream_once_the_first_object_is_complete() -> 
     async with FakeOllama() as server:
         # The model keeps writing after the object: the stream must be closed without waiting.
         server.script(stall(*[endless[i : i + 6] for i in range(0, 60, 6)]))
-        backend = OllamaBackend(server.url, retry=FAST_RETRY)
-        try:
-            found = await extract(
-                backend,
-                CONVERSATION,
-                model="elyza-jp-8b",
-                lane=None,
-                today=date(2026, 9, 29),
-                subject="ユーザー",
-                deadline_seconds=5,
-            )
-            record = await server.requests[0].wait_ended()
-        finally:
-            await backend.aclose()
+        found = await extract_from(server, deadline_seconds=5)
+        record = await server.requests[0].wait_ended()
     assert found == ["ユーザーは紅茶が好き"]
     assert record.closed_early
 
@@ -184,54 +181,19 @@ async def test_extract_closes_the_stream_once_the_first_object_is_complete() -> 
 async def test_extract_stops_at_a_leaked_template_marker() -> None:
     async with FakeOllama() as server:
         server.script(stall("ごめんなさい", "<|im_end|>", '{"memories": ["a"]}'))
-        backend = OllamaBackend(server.url, retry=FAST_RETRY)
-        try:
-            found = await extract(
-                backend,
-                CONVERSATION,
-                model="elyza-jp-8b",
-                lane=None,
-                today=date(2026, 9, 29),
-                subject="ユーザー",
-                deadline_seconds=5,
-            )
-        finally:
-            await backend.aclose()
+        found = await extract_from(server, deadline_seconds=5)
     assert found is None
 
 
 async def test_extract_gives_up_at_its_deadline() -> None:
     async with FakeOllama() as server:
         server.script(stall('{"memories": ["ユーザーは'))
-        backend = OllamaBackend(server.url, retry=FAST_RETRY)
-        try:
-            with pytest.raises(TimeoutError):
-                await extract(
-                    backend,
-                    CONVERSATION,
-                    model="elyza-jp-8b",
-                    lane=None,
-                    today=date(2026, 9, 29),
-                    subject="ユーザー",
-                    deadline_seconds=0.3,
-                )
-        finally:
-            await backend.aclose()
+        with pytest.raises(TimeoutError):
+            await extract_from(server, deadline_seconds=0.3)
 
 
 async def test_an_answer_that_ends_without_an_object_is_none() -> None:
     async with FakeOllama() as server:
         server.script(Answer.text("覚えておくことはありません。"))
-        backend = OllamaBackend(server.url, retry=FAST_RETRY)
-        try:
-            found = await extract(
-                backend,
-                CONVERSATION,
-                model="elyza-jp-8b",
-                lane=None,
-                today=date(2026, 9, 29),
-                subject="ユーザー",
-            )
-        finally:
-            await backend.aclose()
+        found = await extract_from(server)
     assert found is None
