@@ -74,12 +74,15 @@ class Settings(BaseSettings):
     reply_deadline_seconds: float = Field(90.0, gt=0)
     reply_max_sentences: int = Field(2, ge=1, le=10)
     reply_max_chars: int = Field(90, ge=10, le=1000)
+    say_parts: Literal["auto", "off"] = "auto"
     banned_words: WordList = ()
 
     characters_dir: Path = Path("./characters")
     memory_dir: Path = Path("./memory")
     memory_silence_seconds: float = Field(120.0, gt=0)
     memory_recall: int = Field(10, ge=0, le=100)
+    memory_recall_recent: int = Field(3, ge=0, le=100)
+    memory_embed_model: str | None = None
     memory_limit: int = Field(60, ge=1, le=10000)
     memory_subject: str = Field("ユーザー", min_length=1)
     memory_mood_words: WordList = DEFAULT_MOOD_WORDS
@@ -117,7 +120,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"unknown time zone {value!r}") from None
         return value or None
 
-    @field_validator("log_format", "log_level", "llm_backend", mode="before")
+    @field_validator("log_format", "log_level", "llm_backend", "say_parts", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value

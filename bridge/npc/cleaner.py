@@ -51,7 +51,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bridge.world.messages import Emotion
+from bridge.speech import Emotion
 
 # Step 2 always treats these as the other side of the conversation.
 ALWAYS_OTHER_SPEAKERS: tuple[str, ...] = ("ユーザー", "User", "プレイヤー")

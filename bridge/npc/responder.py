@@ -17,7 +17,7 @@ from bridge.npc.checks import check_reply, regeneration_hint
 from bridge.npc.cleaner import clean, has_enough, split_inline_memory
 from bridge.npc.prompt import Exchange, build_reply_messages, system_message
 from bridge.settings import Settings
-from bridge.world.messages import Emotion, ReplySource
+from bridge.speech import Emotion, ReplySource
 
 log = structlog.get_logger(__name__)
 

@@ -6,9 +6,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-EMOTIONS = ("neutral", "happy", "angry", "sad", "relaxed", "surprised")
-Emotion = Literal["neutral", "happy", "angry", "sad", "relaxed", "surprised"]
-ReplySource = Literal["generated", "regenerated", "fallback"]
+from bridge.speech import Emotion, ReplySource
+
+# Features a world may offer in `worker:claimed` that this bridge knows (world-protocol.md).
+SAY_PARTS_FEATURE = "say-parts"
 
 
 class _Incoming(BaseModel):
@@ -54,9 +55,9 @@ class Claimed(_Incoming):
 
     npc_ids: list[str] = Field(alias="npcIds", default_factory=list)
     denied: list[Denied] = Field(default_factory=list)
+    # Unknown entries are kept but ignored; no `features` means none (plain `npc:say` only).
+    features: list[str] = Field(default_factory=list)
 
-
-WorldEvent = Talk | NpcEvent | PlayerLeft | Claimed
 
 INCOMING_TYPES: dict[str, type[_Incoming]] = {
     "npc:talk": Talk,
@@ -85,6 +86,18 @@ class Say(_Outgoing):
     type_name: Literal["npc:say"] = Field(default="npc:say", exclude=True)
 
 
+class SayPart(_Outgoing):
+    """`npc:say:part`: one final, checked sentence of a reply, sent before the whole line is done."""
+
+    npc_id: str = Field(alias="npcId")
+    reply_to: str = Field(alias="replyTo")
+    index: int = Field(ge=0)
+    text: str = Field(min_length=1)
+    emotion: Emotion = "neutral"
+
+    type_name: Literal["npc:say:part"] = Field(default="npc:say:part", exclude=True)
+
+
 class Typing(_Outgoing):
     """`npc:typing`: the world may show a "…" bubble while `on` is true."""
 
@@ -103,5 +116,3 @@ class Claim(_Outgoing):
 
     type_name: Literal["worker:claim"] = Field(default="worker:claim", exclude=True)
 
-
-OutgoingMessage = Say | Typing | Claim
