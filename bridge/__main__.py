@@ -1,19 +1,22 @@
 """Command line: arguments → settings → logging → the chosen command → exit code.
 
-Exit codes: 0 success, 1 a problem found at run time (`check` found something wrong, a command
-failed), 2 invalid configuration or character files (one plain line on stderr naming the culprit).
+Exit codes (the same for `run` and `check`): 0 success; 1 a problem found at run time (`check`: a
+peer — the world or the LLM — unreachable; `run`: a component crashed again and again, so systemd
+restarts us); 2 invalid configuration, character files, token or memory directory: one plain line on
+stderr for each problem, never a traceback (systemd does not restart exit code 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
 from bridge import __version__, logs
-from bridge.errors import ConfigError
-from bridge.settings import Settings, load_settings
+from bridge.errors import ComponentFailed, ConfigError
+from bridge.settings import Settings, load_settings, typo_warnings
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -30,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("run", help="run the daemon (the default)")
     commands.add_parser(
-        "check", help="validate configuration and characters, probe the world and the LLM; exit 1 if anything is wrong"
+        "check",
+        help="validate configuration and characters, probe the world and the LLM; "
+        "exit 2 for a configuration problem, 1 for an unreachable peer",
     )
     chat = commands.add_parser(
         "chat", help="talk to one character in the terminal through the daemon's prompt, backend, cleaning and memory"
@@ -48,19 +53,39 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_error(message: str) -> int:
-    print(f"npc-bridge: configuration error: {message}", file=sys.stderr, flush=True)
+def _stderr(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass  # stderr is gone: the exit code still says it
+
+
+def _config_error(exc: ConfigError) -> int:
+    for line in exc.lines:
+        _stderr(f"npc-bridge: configuration error: {line}")
     return EXIT_CONFIG
 
 
+def _open_standard_descriptors() -> None:
+    """Give a closed stdin/stdout/stderr /dev/null, so no socket or file the daemon opens later gets
+    descriptor 1 and has log lines written into it. Logging still knows stdout was closed (its lines
+    are counted as dropped)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _open_standard_descriptors()
     args = _parser().parse_args(argv)
     command = args.command or "run"
     try:
         settings = load_settings()
-    except ConfigError as exc:
-        return _config_error(str(exc))
-    try:
         if command == "run":
             return _run(settings)
         if command == "check":
@@ -78,25 +103,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return asyncio.run(show_memory(settings, args.npc_id))
             return asyncio.run(forget_memory(settings, args.npc_id, None if args.all else args.number))
     except ConfigError as exc:
-        return _config_error(str(exc))
+        return _config_error(exc)
+    except ComponentFailed as exc:
+        _stderr(f"npc-bridge: {exc}")
+        return EXIT_PROBLEM
     except KeyboardInterrupt:
         return EXIT_OK
+    finally:
+        if logs.output is not None:
+            logs.output.close()
     return EXIT_PROBLEM
 
 
 def _run(settings: Settings) -> int:
+    import structlog
+
     from bridge.app import App
     from bridge.npc.characters import load_roster
+    from bridge.preflight import prepare_memory_dir
 
+    warnings = typo_warnings()
     token = settings.require_token()
     logs.add_secret(token)
     roster = load_roster(settings.characters_dir)
     if not roster.voiced:
-        raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: no character in {settings.characters_dir} has talk 'worker'")
+        raise ConfigError(
+            f"NPC_BRIDGE_CHARACTERS_DIR: no character in {settings.characters_dir.resolve()} has talk 'worker'"
+        )
+    prepare_memory_dir(settings.memory_dir)
     logs.configure(
         fmt=settings.log_format, level=settings.log_level, log_content=settings.log_content, secrets=[token]
     )
-    settings.memory_dir.mkdir(parents=True, exist_ok=True)
+    for warning in warnings:
+        structlog.get_logger(__name__).warning("setting_unknown", problem=warning)
 
     async def _main() -> int:
         app = App(settings, roster, token=token)

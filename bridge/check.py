@@ -1,9 +1,13 @@
-"""`npc-bridge check`: validate configuration and characters, probe the world and the LLM, report."""
+"""`npc-bridge check`: validate configuration and characters, probe the world and the LLM, report.
+
+Exit codes as `run`'s: 2 when anything `run` would refuse to start with (settings, token, characters,
+memory directory), else 1 when a peer (the world, the LLM, a model on it) is not there, else 0.
+Warnings (an unknown NPC_BRIDGE_* name, a setting that does not apply) never change the exit code.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
 
 import httpx
 
@@ -11,7 +15,8 @@ from bridge.errors import ConfigError
 from bridge.llm.base import model_available
 from bridge.llm.factory import make_backend
 from bridge.npc.characters import load_roster
-from bridge.settings import Settings
+from bridge.preflight import prepare_memory_dir
+from bridge.settings import Settings, typo_warnings
 
 PROBE_TIMEOUT_SECONDS = 5.0
 
@@ -19,6 +24,7 @@ PROBE_TIMEOUT_SECONDS = 5.0
 class _Report:
     def __init__(self) -> None:
         self.problems = 0
+        self.config_problems = 0
 
     def ok(self, what: str) -> None:
         print(f"  ok    {what}", flush=True)
@@ -26,28 +32,36 @@ class _Report:
     def warn(self, what: str) -> None:
         print(f"  warn  {what}", flush=True)
 
-    def fail(self, what: str) -> None:
+    def fail(self, what: str, *, config: bool = False) -> None:
         self.problems += 1
+        self.config_problems += config
         print(f"  FAIL  {what}", flush=True)
+
+    def exit_code(self) -> int:
+        return 2 if self.config_problems else 1 if self.problems else 0
 
 
 async def run_check(settings: Settings) -> int:
     report = _Report()
     print("npc-bridge check", flush=True)
     report.ok(f"configuration valid (backend {settings.llm_backend}, model {settings.llm_model})")
+    for warning in typo_warnings():
+        report.warn(warning)
     try:
-        if settings.token() is None:
-            report.fail("NPC_BRIDGE_WORLD_TOKEN: not set (nor NPC_BRIDGE_WORLD_TOKEN_FILE); `run` needs it")
-        else:
-            report.ok("world token present (not shown)")
+        settings.require_token()
+        report.ok("world token present (not shown)")
     except ConfigError as exc:
-        report.fail(str(exc))
+        report.fail(str(exc), config=True)
 
     model_names: set[str] = {settings.llm_model}
     try:
         roster = load_roster(settings.characters_dir)
         voiced = sorted(roster.voiced)
-        report.ok(f"{len(roster.characters)} characters in {settings.characters_dir}; voiced: {', '.join(voiced)}")
+        report.ok(
+            f"{len(roster.characters)} characters in {settings.characters_dir.resolve()}; voiced: {', '.join(voiced)}"
+        )
+        if not voiced:
+            report.fail("NPC_BRIDGE_CHARACTERS_DIR: no character has talk 'worker'", config=True)
         model_names |= {c.llm.model for c in roster.voiced.values() if c.llm.model}
         for character in roster.voiced.values():
             if character.memory.backend == "shared" and not settings.shared_memory_url:
@@ -58,24 +72,22 @@ async def run_check(settings: Settings) -> int:
             if character.llm.lane and settings.llm_backend != "coordinator":
                 report.warn(f"{character.id}: llm.lane {character.llm.lane!r} only applies to the coordinator backend")
     except ConfigError as exc:
-        report.fail(str(exc))
+        for line in exc.lines:
+            report.fail(line, config=True)
 
     _check_memory_dir(settings, report)
     await _check_world(settings, report)
     await _check_llm(settings, model_names, report)
     print(f"{'all good' if not report.problems else f'{report.problems} problem(s)'}", flush=True)
-    return 0 if not report.problems else 1
+    return report.exit_code()
 
 
 def _check_memory_dir(settings: Settings, report: _Report) -> None:
-    directory = settings.memory_dir
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-", delete=True):
-            pass
-        report.ok(f"memory directory {directory} writable")
-    except OSError as exc:
-        report.fail(f"NPC_BRIDGE_MEMORY_DIR: {directory} not writable: {exc.strerror or exc}")
+        prepare_memory_dir(settings.memory_dir)
+        report.ok(f"memory directory {settings.memory_dir.resolve()} writable")
+    except ConfigError as exc:
+        report.fail(str(exc), config=True)
 
 
 async def _check_world(settings: Settings, report: _Report) -> None:

@@ -2,6 +2,7 @@
 
     BridgeError
     ├── ConfigError              bad configuration or character file: exit code 2, never retried
+    ├── ComponentFailed          a component crashed again and again: exit code 1, systemd restarts us
     ├── WorldError               the world link
     │   ├── WorldAuthError       the world refused our token (a configuration error; retried slowly)
     │   ├── WorldProtocolError   a frame or message we cannot understand
@@ -27,7 +28,22 @@ class BridgeError(Exception):
 
 
 class ConfigError(BridgeError):
-    """Configuration or a character file is invalid; the daemon must not start."""
+    """Configuration or a character file is invalid; the daemon must not start.
+
+    One error can carry several problems (every error of every character file): `lines` has one plain
+    line for each, and the command line prints each on its own line.
+    """
+
+    def __init__(self, message: str, *more: str) -> None:
+        super().__init__(message)
+        self.lines: tuple[str, ...] = (message, *more)
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+class ComponentFailed(BridgeError):
+    """A supervised component crashed too often in too short a time: the process must end (exit 1)."""
 
 
 class WorldError(BridgeError):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, MutableMapping
@@ -58,6 +60,8 @@ class _ContentFilter:
 
 _redactor = _Redactor()
 _content = _ContentFilter()
+# The daemon's stdout as configure() wrapped it (None until configured, or when a test passes a stream).
+output: SafeStream | None = None
 
 
 def add_secret(secret: str | None) -> None:
@@ -77,6 +81,77 @@ def _shared_processors() -> list[Processor]:
     ]
 
 
+class SafeStream:
+    """The log stream (stdout) that never raises: logging must not take the daemon down.
+
+    When stdout is closed or its reader has gone (a broken pipe, `npc-bridge run | head -1`), each
+    line is dropped and counted; the count goes to stderr as soon as stderr takes it (at the first
+    drop, then at most once a minute, and at exit). The broken descriptor is pointed at /dev/null so
+    the interpreter's own flush at exit does not fail either.
+    """
+
+    REPORT_EVERY_SECONDS = 60.0
+
+    def __init__(self, stream: TextIO | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._stream = stream
+        self._clock = clock
+        self.dropped = 0
+        self._reported = 0
+        self._last_report: float | None = None
+        self.error: str | None = None if stream is not None else "stdout is closed"
+
+    def isatty(self) -> bool:
+        try:
+            return self._stream is not None and self.error is None and self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def write(self, text: str) -> int:
+        if self.error is None and self._stream is not None:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError) as exc:
+                self._broken(exc)
+        self.dropped += max(1, text.count("\n"))
+        self._report()
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is None and self._stream is not None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError) as exc:
+                self._broken(exc)
+
+    def _broken(self, exc: BaseException) -> None:
+        self.error = f"stdout failed ({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})"
+        stream, self._stream = self._stream, None
+        with contextlib.suppress(Exception):
+            # Whatever is still buffered cannot be written either; /dev/null takes it at exit.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno() if stream is not None else 1)
+            os.close(devnull)
+
+    def _report(self, *, final: bool = False) -> None:
+        if self.dropped == self._reported:
+            return
+        now = self._clock()
+        if not final and self._last_report is not None and now - self._last_report < self.REPORT_EVERY_SECONDS:
+            return
+        self._last_report = now
+        line = f"npc-bridge: {self.error}: {self.dropped} log lines dropped so far\n"
+        try:
+            sys.__stderr__.write(line)  # type: ignore[union-attr]
+            sys.__stderr__.flush()  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - stderr is gone too: try again later
+            return
+        self._reported = self.dropped
+
+    def close(self) -> None:
+        """At exit: write the final count of dropped lines (if any)."""
+        self._report(final=True)
+
+
 class _LineLogger(structlog.WriteLogger):
     """Writes each rendered line straight to the stream, with its module's name for `logger`.
 
@@ -85,8 +160,8 @@ class _LineLogger(structlog.WriteLogger):
     lines are written on the way from a player's talk to the LLM request.
     """
 
-    def __init__(self, file: TextIO, name: str) -> None:
-        super().__init__(file)
+    def __init__(self, file: TextIO | SafeStream, name: str) -> None:
+        super().__init__(file)  # type: ignore[arg-type]  # SafeStream has what WriteLogger uses
         self.name = name
 
 
@@ -99,10 +174,16 @@ def configure(
     secrets: Iterable[str | None] = (),
 ) -> None:
     """Configure structlog; the standard library's loggers (websockets, httpx) get the same format."""
+    global output
     _content.enabled = log_content
     for secret in secrets:
         add_secret(secret)
-    out = stream or sys.stdout
+    out: TextIO | SafeStream
+    if stream is not None:
+        out = stream
+    else:
+        output = output if output is not None else SafeStream(sys.stdout)
+        out = output
     renderer: Processor
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -21,6 +23,16 @@ from bridge.errors import ConfigError
 
 ENV_PREFIX = "NPC_BRIDGE_"
 CONFIG_FILE_VARIABLE = "NPC_BRIDGE_CONFIG"
+CREDENTIALS_VARIABLE = "CREDENTIALS_DIRECTORY"
+CREDENTIAL_NAME = "world-token"
+# NPC_BRIDGE_* names that are real but not settings: the TOML file's name, the test-only fault hook
+# (bridge/faults.py) and the end-to-end tests' own variables.
+OTHER_VARIABLES = (
+    CONFIG_FILE_VARIABLE,
+    "NPC_BRIDGE_TEST_FAULTS",
+    "NPC_BRIDGE_LLAMA_PYTHON",
+    "NPC_BRIDGE_E2E_DIR",
+)
 
 DEFAULT_MOOD_WORDS = (
     "疲れ", "眠い", "眠た", "お腹", "空腹", "満腹", "体調", "機嫌", "気分", "頭痛", "だるい", "今日は",
@@ -148,47 +160,92 @@ class Settings(BaseSettings):
         """The configured zone, or None for the system's local time."""
         return ZoneInfo(self.timezone) if self.timezone else None
 
-    def token(self) -> str | None:
-        """The worker token from the variable or from the file it names; None when neither is set."""
+    def token(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The worker token: the variable, else the file it names, else systemd's credential; or None.
+
+        The credential is `$CREDENTIALS_DIRECTORY/world-token` (the unit's
+        `LoadCredential=world-token:/etc/npc-bridge/world-token`): systemd reads the root-only file and
+        hands the DynamicUser a private copy.
+        """
         if self.world_token is not None and self.world_token.get_secret_value():
             return self.world_token.get_secret_value()
         if self.world_token_file is not None:
-            try:
-                text = self.world_token_file.read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"NPC_BRIDGE_WORLD_TOKEN_FILE: cannot read {self.world_token_file}: {exc.strerror}"
-                ) from None
-            if not text:
-                raise ConfigError(f"NPC_BRIDGE_WORLD_TOKEN_FILE: {self.world_token_file} is empty")
-            return text
+            return _read_token("NPC_BRIDGE_WORLD_TOKEN_FILE", self.world_token_file)
+        credentials = (os.environ if environ is None else environ).get(CREDENTIALS_VARIABLE)
+        if credentials:
+            path = Path(credentials) / CREDENTIAL_NAME
+            if path.exists():
+                return _read_token(f"${CREDENTIALS_VARIABLE}/{CREDENTIAL_NAME}", path)
         return None
 
     def require_token(self) -> str:
         token = self.token()
         if token is None:
             raise ConfigError(
-                "NPC_BRIDGE_WORLD_TOKEN: required to run (set it, or NPC_BRIDGE_WORLD_TOKEN_FILE)"
+                "NPC_BRIDGE_WORLD_TOKEN: required to run (set it, or NPC_BRIDGE_WORLD_TOKEN_FILE, "
+                f"or the systemd credential {CREDENTIAL_NAME})"
             )
         return token
 
 
-def _read_toml() -> dict[str, Any]:
-    name = os.environ.get(CONFIG_FILE_VARIABLE)
+def _read_token(source: str, path: Path) -> str:
+    shown = path.absolute()
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read {shown}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ConfigError(f"{source}: cannot read {shown}: not UTF-8 text") from None
+    if not text:
+        raise ConfigError(f"{source}: {shown} is empty")
+    return text
+
+
+def _read_toml(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    name = (os.environ if environ is None else environ).get(CONFIG_FILE_VARIABLE)
     if not name:
         return {}
     path = Path(name)
+    shown = path.absolute()
     try:
         with path.open("rb") as handle:
             data = tomllib.load(handle)
     except OSError as exc:
-        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: cannot read {shown}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: {path} is not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - set(Settings.model_fields))
-    if unknown:
-        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: {path}: unknown key {unknown[0]!r}")
+        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: {shown} is not valid TOML: {exc}") from None
+    except ValueError:
+        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: cannot read {shown}: not UTF-8 text") from None
     return data
+
+
+def typo_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each NPC_BRIDGE_* variable or TOML key that is not a setting, with the closest name.
+
+    A warning, not an error: the daemon still starts (the setting keeps its default), and the line at
+    start (and in `check`) says which name was probably meant.
+    """
+    env = os.environ if environ is None else environ
+    fields = sorted(Settings.model_fields)
+    variables = [ENV_PREFIX + field.upper() for field in fields]
+    warnings = []
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIX) and name not in variables and name not in OTHER_VARIABLES:
+            warnings.append(f"{name} is not a setting{_did_you_mean(name, [*variables, *OTHER_VARIABLES])}")
+    data = _read_toml(env)
+    for key in sorted(set(data) - set(fields)):
+        warnings.append(
+            f"{CONFIG_FILE_VARIABLE}: key {key!r} in {Path(env[CONFIG_FILE_VARIABLE]).absolute()} "
+            f"is not a setting{_did_you_mean(key, fields)}"
+        )
+    return warnings
+
+
+def _did_you_mean(name: str, names: list[str]) -> str:
+    # Compared without the common prefix, which would make every name look alike.
+    bare = {candidate.removeprefix(ENV_PREFIX).lower(): candidate for candidate in names}
+    close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX).lower(), list(bare), n=1, cutoff=0.75)
+    return f"; did you mean {bare[close[0]]}?" if close else ""
 
 
 def _describe(error: ValidationError) -> str:

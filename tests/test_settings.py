@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bridge.errors import ConfigError
-from bridge.settings import load_settings
+from bridge.settings import load_settings, typo_warnings
 
 
 @pytest.fixture(autouse=True)
@@ -15,7 +15,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for name in list(os.environ):
-        if name.startswith("NPC_BRIDGE_"):
+        if name.startswith("NPC_BRIDGE_") or name == "CREDENTIALS_DIRECTORY":
             monkeypatch.delenv(name)
 
 
@@ -136,12 +136,69 @@ def test_bad_toml_file_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         load_settings()
 
 
-def test_unknown_toml_key_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_toml_key_is_a_warning_naming_the_closest_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tmp_path / "bridge.toml"
-    config.write_text('llm_modle = "typo"\n', encoding="utf-8")
+    config.write_text('llm_modle = "typo"\nworld_room = "town"\n', encoding="utf-8")
     monkeypatch.setenv("NPC_BRIDGE_CONFIG", str(config))
-    with pytest.raises(ConfigError, match="unknown key 'llm_modle'"):
+    assert load_settings().world_room == "town"  # starts: the typo keeps its setting's default
+    assert typo_warnings() == [
+        f"NPC_BRIDGE_CONFIG: key 'llm_modle' in {config} is not a setting; did you mean llm_model?"
+    ]
+
+
+def test_unknown_variable_is_a_warning_naming_the_closest_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NPC_BRIDGE_LLM_BACKND", "openai")
+    monkeypatch.setenv("NPC_BRIDGE_NOTHING_LIKE_ANYTHING", "1")
+    assert load_settings().llm_backend == "ollama"
+    assert typo_warnings() == [
+        "NPC_BRIDGE_LLM_BACKND is not a setting; did you mean NPC_BRIDGE_LLM_BACKEND?",
+        "NPC_BRIDGE_NOTHING_LIKE_ANYTHING is not a setting",
+    ]
+
+
+def test_real_names_that_are_not_settings_are_not_typos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "bridge.toml"
+    config.write_text("", encoding="utf-8")
+    for name, value in {
+        "NPC_BRIDGE_CONFIG": str(config),
+        "NPC_BRIDGE_WORLD_TOKEN_FILE": "/nowhere",
+        "NPC_BRIDGE_WORLD_TOKEN": "t",
+        "NPC_BRIDGE_BANNED_WORDS": "x",
+        "NPC_BRIDGE_LLM_CONTEXT_TOKENS": "4096",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert typo_warnings() == []
+
+
+def test_token_comes_from_the_systemd_credential_when_no_variable_names_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "world-token").write_text("credential-token\n", encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    assert load_settings().require_token() == "credential-token"
+    other = tmp_path / "file"
+    other.write_text("file-token", encoding="utf-8")
+    monkeypatch.setenv("NPC_BRIDGE_WORLD_TOKEN_FILE", str(other))
+    assert load_settings().require_token() == "file-token"
+    monkeypatch.setenv("NPC_BRIDGE_WORLD_TOKEN", "env-token")
+    assert load_settings().require_token() == "env-token"
+
+
+def test_a_credentials_directory_without_the_token_is_no_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^NPC_BRIDGE_WORLD_TOKEN: required .*credential world-token"):
+        load_settings().require_token()
+
+
+def test_unreadable_config_file_is_one_line_naming_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NPC_BRIDGE_CONFIG", str(tmp_path))  # a directory
+    with pytest.raises(ConfigError) as caught:
         load_settings()
+    assert str(caught.value) == f"NPC_BRIDGE_CONFIG: cannot read {tmp_path}: Is a directory"
 
 
 def test_bad_value_in_toml_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

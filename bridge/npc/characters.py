@@ -124,40 +124,64 @@ class Roster:
         return self.characters.get(npc_id)
 
 
-def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(file)"
-    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+def _describe(error: ValidationError) -> list[str]:
+    """Every problem pydantic found, one `field.path: message` each."""
+    return [
+        f"{'.'.join(str(part) for part in problem['loc']) or '(file)'}: {problem['msg'].removeprefix('Value error, ')}"
+        for problem in error.errors()
+    ]
 
 
 def load_character(path: Path) -> Character:
-    """Read and validate one character file; a bad one raises ConfigError naming path and field."""
+    """Read and validate one character file; a bad one raises ConfigError with a line for each problem.
+
+    Paths in the lines are resolved against the working directory, so the operator sees which file.
+    """
+    shown = path.resolve()
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"character file {path}: cannot read: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"character file {shown}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"character file {shown}: cannot read: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"character file {path}: not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise ConfigError(f"character file {shown}: not JSON: {where}: {exc.msg}") from None
     try:
         character = Character.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"character file {path}: {_describe(exc)}") from None
+        raise ConfigError(*(f"character file {shown}: {problem}" for problem in _describe(exc))) from None
     if character.id != path.stem:
-        raise ConfigError(f"character file {path}: id: {character.id!r} does not match the file name")
+        raise ConfigError(f"character file {shown}: id: {character.id!r} does not match the file name")
     if character.voiced and character.staff is None and character.talk != "worker":
-        raise ConfigError(f"character file {path}: staff: required for a staff NPC")
+        raise ConfigError(f"character file {shown}: staff: required for a staff NPC")
     return character
 
 
 def load_roster(directory: Path) -> Roster:
-    """Load every `*.json` in the characters directory; any invalid file stops start-up."""
+    """Load every `*.json` in the characters directory; any invalid file stops start-up.
+
+    Every file is read before giving up, and the ConfigError carries every problem of every file.
+    """
+    shown = directory.resolve()
     if not directory.is_dir():
-        raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: {directory} is not a directory")
+        reason = "does not exist" if not directory.exists() else "is not a directory"
+        raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: {shown} {reason}")
     characters: dict[str, Character] = {}
-    for path in sorted(directory.glob("*.json")):
-        character = load_character(path)
+    problems: list[str] = []
+    try:
+        paths = sorted(directory.glob("*.json"))
+    except OSError as exc:
+        raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: cannot read {shown}: {exc.strerror or exc}") from None
+    for path in paths:
+        try:
+            character = load_character(path)
+        except ConfigError as exc:
+            problems.extend(exc.lines)
+            continue
         characters[character.id] = character
+    if problems:
+        raise ConfigError(*problems)
     if not characters:
-        raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: no character files (*.json) in {directory}")
+        raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: no character files (*.json) in {shown}")
     return Roster(characters)
