@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
+from collections.abc import Callable
 
 import structlog
 
@@ -12,7 +14,7 @@ log = structlog.get_logger(__name__)
 
 
 class Notifier:
-    """Sends `READY=1`, `STATUS=…`, `STOPPING=1` and `WATCHDOG=1` to systemd (Type=notify)."""
+    """Sends `READY=1`, `STATUS=…`, `RELOADING=1`, `STOPPING=1` and `WATCHDOG=1` to systemd (Type=notify)."""
 
     def __init__(self, environ: dict[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
@@ -53,17 +55,33 @@ class Notifier:
     def stopping(self) -> None:
         self.notify("STOPPING=1")
 
-    async def watchdog(self) -> None:
-        """Ping at half the watchdog interval from the event loop: a blocked loop stops the pings.
+    def reloading(self) -> None:
+        """Start of a reload (Type=notify-reload protocol): systemd wants the monotonic time with it."""
+        self.notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
 
-        Without a watchdog it waits forever (cancel it), so a supervisor never sees it end.
+    def reloaded(self) -> None:
+        """End of a reload: up again (`READY=1`)."""
+        self.notify("READY=1")
+
+    async def watchdog(self, healthy: Callable[[], bool] = lambda: True) -> None:
+        """Ping at half the watchdog interval from the event loop while `healthy()`.
+
+        A ping says more than "the loop turns": it is withheld while `healthy()` is false (a component
+        waiting to be restarted), so a daemon that cannot recover is restarted by systemd. Without a
+        watchdog it waits forever (cancel it), so a supervisor never sees it end.
         """
         if self.watchdog_seconds is None or not self._address:
             await asyncio.Event().wait()
             return
         interval = self.watchdog_seconds / 2
+        withheld = False
         while True:
-            self.notify("WATCHDOG=1")
+            if healthy():
+                self.notify("WATCHDOG=1")
+                withheld = False
+            elif not withheld:
+                withheld = True
+                log.warning("watchdog_ping_withheld", reason="a component is not running")
             await asyncio.sleep(interval)
 
     def close(self) -> None:
