@@ -22,7 +22,7 @@ VARIABLE = "NPC_BRIDGE_TEST_FAULTS"
 POLL_SECONDS = 0.05
 
 
-class InjectedCrash(Exception):  # noqa: N818 - named for what it is, not an error of the bridge
+class InjectedCrash(Exception):
     """A crash forced by a test through NPC_BRIDGE_TEST_FAULTS."""
 
 

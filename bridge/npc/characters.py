@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bridge.errors import ConfigError
+from bridge.npc.cleaner import OtherSpeakers, fold_names
 
 BUILTIN_FALLBACK = "すみません、少々お待ちくださいね。"
 
@@ -110,18 +112,53 @@ class Character(_Part):
         return [line for line in self.fallbacks if line.strip()] or [BUILTIN_FALLBACK]
 
 
-@dataclass(frozen=True)
 class Roster:
-    """All loaded characters; `voiced` are the ones the bridge claims."""
+    """All loaded characters; `voiced` are the ones the bridge claims.
 
-    characters: dict[str, Character]
+    One Roster is shared by every component; `replace` swaps its characters in place (a reload), so
+    all of them see the new ones. What a reply needs per character (the other speakers' names) is
+    computed here, at start and at each replace, never on the reply path.
+    """
+
+    def __init__(self, characters: Mapping[str, Character]) -> None:
+        self._characters: dict[str, Character] = {}
+        self._voiced: dict[str, Character] = {}
+        self._names = OtherSpeakers.of(())
+        self._speakers: dict[str, OtherSpeakers] = {}
+        self.replace(characters)
+
+    def replace(self, characters: Mapping[str, Character]) -> None:
+        """Swap in a new set of characters and recompute the per-character caches."""
+        everyone = dict(characters)
+        voiced = {cid: c for cid, c in everyone.items() if c.voiced}
+        # One set of every voiced name, shared by all characters: memory O(N), not O(N²).
+        names = OtherSpeakers.of(name for c in voiced.values() for name in (c.name, c.short_name))
+        speakers = {cid: _speakers_of(c, names) for cid, c in everyone.items()}
+        self._characters, self._voiced, self._names, self._speakers = everyone, voiced, names, speakers
 
     @property
-    def voiced(self) -> dict[str, Character]:
-        return {cid: c for cid, c in self.characters.items() if c.voiced}
+    def characters(self) -> Mapping[str, Character]:
+        return MappingProxyType(self._characters)
+
+    @property
+    def voiced(self) -> Mapping[str, Character]:
+        return MappingProxyType(self._voiced)
 
     def get(self, npc_id: str) -> Character | None:
-        return self.characters.get(npc_id)
+        return self._characters.get(npc_id)
+
+    def other_speakers(self, character: Character, player_name: str = "") -> OtherSpeakers:
+        """Everyone whose speaker label cuts this character's reply: the other voiced characters,
+        `ユーザー`/`User`/`プレイヤー`, and `player_name`. O(1) in the size of the cast."""
+        speakers = self._speakers.get(character.id)
+        if speakers is None or self._characters.get(character.id) is not character:
+            # A character from before a replace, or one not in the roster: same names, its own excluded.
+            speakers = _speakers_of(character, self._names)
+        return speakers.with_player(player_name) if player_name else speakers
+
+
+def _speakers_of(character: Character, names: OtherSpeakers) -> OtherSpeakers:
+    return OtherSpeakers(names=names.names, own=fold_names((character.name, character.short_name)))
 
 
 def _describe(error: ValidationError) -> list[str]:
@@ -153,8 +190,6 @@ def load_character(path: Path) -> Character:
         raise ConfigError(*(f"character file {shown}: {problem}" for problem in _describe(exc))) from None
     if character.id != path.stem:
         raise ConfigError(f"character file {shown}: id: {character.id!r} does not match the file name")
-    if character.voiced and character.staff is None and character.talk != "worker":
-        raise ConfigError(f"character file {shown}: staff: required for a staff NPC")
     return character
 
 

@@ -150,28 +150,56 @@ _LABEL = re.compile(
 _HONORIFICS = ("さん", "様", "さま")
 
 
-@functools.lru_cache(maxsize=256)
-def _other_names(own_names: tuple[str, ...], other_speakers: tuple[str, ...]) -> frozenset[str]:
-    own = {name.strip().casefold() for name in own_names if name}
-    return frozenset(
-        folded
-        for name in (*other_speakers, *ALWAYS_OTHER_SPEAKERS)
-        if (folded := name.strip().casefold()) and folded not in own
-    )
+def _fold(name: str) -> str:
+    return name.strip().casefold()
 
 
-def _is_other(label: str, others: frozenset[str]) -> bool:
-    name = label.strip().casefold()
+@dataclass(frozen=True)
+class OtherSpeakers:
+    """Whose labels cut a reply in step 2, case-folded; `in` tells whether a label names one of them.
+
+    Built once per character (`of`, from every voiced character's names: the roster does it at start
+    and at reload); the player's name is added per reply (`with_player`). Both are O(1) per reply in
+    the size of the cast: the big set is shared, never copied, and own names are excluded on lookup.
+    """
+
+    names: frozenset[str]  # may hold this NPC's own names too: they are excluded on lookup
+    own: frozenset[str] = frozenset()
+    player: str = ""
+
+    @classmethod
+    def of(cls, names: Iterable[str], *, own_names: Iterable[str] = ()) -> OtherSpeakers:
+        return cls(names=fold_names((*names, *ALWAYS_OTHER_SPEAKERS)), own=fold_names(own_names))
+
+    def with_player(self, player_name: str) -> OtherSpeakers:
+        return OtherSpeakers(names=self.names, own=self.own, player=_fold(player_name))
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str) or not name or name in self.own:
+            return False
+        return name in self.names or name == self.player
+
+
+def fold_names(names: Iterable[str]) -> frozenset[str]:
+    """The names as step 2 compares them (trimmed, case-folded), empty ones dropped."""
+    return frozenset(folded for name in names if name and (folded := _fold(name)))
+
+
+def _is_other(label: str, others: OtherSpeakers) -> bool:
+    name = _fold(label)
     if name in others:
         return True
     return any(name.endswith(h) and name[: -len(h)].rstrip() in others for h in _HONORIFICS)
 
 
-def _other_label_start(text: str, own_names: Sequence[str], other_speakers: Sequence[str]) -> int | None:
+def _speakers(own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> OtherSpeakers:
+    if isinstance(other_speakers, OtherSpeakers):
+        return other_speakers
+    return OtherSpeakers.of(other_speakers, own_names=own_names)
+
+
+def _other_label_start(text: str, others: OtherSpeakers) -> int | None:
     """Where the first label of another speaker starts, if any."""
-    others = _other_names(tuple(own_names), tuple(other_speakers))
-    if not others:
-        return None
     position = 0
     # Labels are tried at every boundary, overlapping ones included ("Dr. Kato:" holds a boundary).
     while (found := _LABEL.search(text, position)) is not None:
@@ -185,7 +213,8 @@ def _own_prefix(own_names: Sequence[str]) -> re.Pattern[str] | None:
     return _own_prefix_for(tuple(own_names))
 
 
-@functools.lru_cache(maxsize=64)
+# Keyed by a character's own names: bounded by the cast, not by players or replies.
+@functools.lru_cache(maxsize=4096)
 def _own_prefix_for(own_names: tuple[str, ...]) -> re.Pattern[str] | None:
     alternation = _names_alternation(own_names)
     if alternation is None:
@@ -202,9 +231,9 @@ def _cut_markers(raw: str) -> tuple[str, bool]:
     return text[: min(cuts)], True
 
 
-def _cut_other_speakers(text: str, own_names: Sequence[str], other_speakers: Sequence[str]) -> tuple[str, bool]:
+def _cut_other_speakers(text: str, others: OtherSpeakers) -> tuple[str, bool]:
     """Step 2."""
-    start = _other_label_start(text, own_names, other_speakers)
+    start = _other_label_start(text, others)
     if start is None:
         return text, False
     return text[:start], True
@@ -318,10 +347,10 @@ def _speaker_and_quotes(text: str, own_prefix: re.Pattern[str] | None) -> str:
     return _unquote(text)
 
 
-def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str]) -> _Body:
+def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> _Body:
     """Steps 1-5."""
     text, cut_marker = _cut_markers(raw)
-    text, cut_speaker = _cut_other_speakers(text, own_names, other_speakers)
+    text, cut_speaker = _cut_other_speakers(text, _speakers(own_names, other_speakers))
     text, emotion = _take_emotion(text)
     text = _remove_stage_directions(text)
     text = _LIST_MARKER.sub("", text)
@@ -376,7 +405,7 @@ def clean(
     raw: str,
     *,
     own_names: Sequence[str],
-    other_speakers: Sequence[str],
+    other_speakers: Sequence[str] | OtherSpeakers,
     max_sentences: int,
     max_chars: int,
 ) -> Cleaned:
@@ -384,7 +413,8 @@ def clean(
 
     `own_names`: this NPC's `name` and `speaker_name`. `other_speakers`: the player's `playerName`
     and the other voiced characters' `name`/`speaker_name` (`ユーザー`, `User`, `プレイヤー` are added
-    here). The result may be empty (the raw text was only a stage direction, a marker, …); the
+    here); on the reply path an `OtherSpeakers` built once per character, so no reply walks the cast.
+    The result may be empty (the raw text was only a stage direction, a marker, …); the
     checks then ask for a regeneration. Run `split_inline_memory` first for inline-memory characters.
     """
     body = _body(raw, own_names, other_speakers)
@@ -404,7 +434,7 @@ def has_enough(
     raw_so_far: str,
     *,
     own_names: Sequence[str],
-    other_speakers: Sequence[str],
+    other_speakers: Sequence[str] | OtherSpeakers,
     max_sentences: int,
 ) -> bool:
     """Whether reading the stream can stop now: what is still to come would be cut anyway.
@@ -452,7 +482,7 @@ def _may_have_enough(raw: str, max_sentences: int) -> bool:
 
 
 def _has_enough(
-    raw_so_far: str, *, own_names: Sequence[str], other_speakers: Sequence[str], max_sentences: int
+    raw_so_far: str, *, own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers, max_sentences: int
 ) -> bool:
     body = _body(raw_so_far, own_names, other_speakers)
     if body.cut:

@@ -14,7 +14,7 @@ from bridge.errors import LLMError
 from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest, GenerationStats, LLMBackend
 from bridge.npc.characters import Character, Roster
 from bridge.npc.checks import check_reply, regeneration_hint
-from bridge.npc.cleaner import clean, has_enough, split_inline_memory
+from bridge.npc.cleaner import OtherSpeakers, clean, has_enough, split_inline_memory
 from bridge.npc.prompt import Exchange, build_reply_messages, system_message
 from bridge.settings import Settings
 from bridge.speech import Emotion, ReplySource
@@ -93,12 +93,8 @@ class Responder:
             error=error,
         )
 
-    def _other_speakers(self, character: Character, player_name: str) -> list[str]:
-        names = [player_name] if player_name else []
-        for other in self._roster.voiced.values():
-            if other.id != character.id:
-                names.extend({other.name, other.short_name})
-        return names
+    def _other_speakers(self, character: Character, player_name: str) -> OtherSpeakers:
+        return self._roster.other_speakers(character, player_name)
 
     async def respond(self, context: ReplyContext, *, deadline: float) -> Reply:
         """Generate, clean and check; `deadline` is an event-loop time. Past it: a fallback line."""
