@@ -1,11 +1,15 @@
-"""The daemon: supervised components in one TaskGroup, signals → stop event, staged shutdown.
+"""The daemon: supervised components in one TaskGroup, signals → stop event or reload, staged shutdown.
 
-Components (each restarted with backoff if it crashes):
+Components (each restarted with backoff if it crashes; 5 crashes of one in 5 minutes end the process
+with exit code 1 — bridge/supervisor.py):
     world     WorldLink.run           connect, read, reconnect
     events    world events → dispatcher
     replies   Dispatcher.run          one worker per NPC
     memory    MemoryKeeper.run        silence timers → extraction → checks → store
-    watchdog  sd_notify WATCHDOG=1
+    watchdog  sd_notify WATCHDOG=1, only while every component runs
+
+SIGHUP reloads the characters folder and the banned words without leaving the world (bridge/reload.py
+says what changes), between RELOADING=1 and READY=1.
 
 Shutdown stages, each bounded so the whole fits well inside systemd's TimeoutStopSec (30 s):
     1. STOPPING=1; no new work (queued lines dropped)          —
@@ -20,25 +24,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 
-from bridge import __version__
+from bridge import __version__, faults
+from bridge.errors import ComponentFailed, ConfigError
 from bridge.llm.base import LLMBackend, model_available
 from bridge.llm.factory import make_backend
 from bridge.llm.gate import LLMGate
 from bridge.memory.keeper import MemoryKeeper
 from bridge.memory.shared import SharedMemoryClient
 from bridge.memory.store import MemoryStore
-from bridge.npc.characters import Roster
+from bridge.npc.characters import Roster, load_roster
 from bridge.npc.conversation import Conversations
 from bridge.npc.dispatcher import SHUTDOWN_GRACE_SECONDS, Dispatcher
 from bridge.npc.responder import Responder
-from bridge.settings import Settings
+from bridge.reload import ReloadPlan, plan_reload
+from bridge.settings import Settings, load_settings
+from bridge.supervisor import Supervisor
 from bridge.systemd import Notifier
 from bridge.world.client import WorldLink
 
@@ -46,44 +52,8 @@ log = structlog.get_logger(__name__)
 
 MEMORY_FLUSH_SECONDS = 3.0
 LEAVE_SECONDS = 3.0
-RESTART_BACKOFF_FIRST_SECONDS = 1.0
-RESTART_BACKOFF_CAP_SECONDS = 30.0
-HEALTHY_RUN_SECONDS = 60.0
 # The whole shutdown must fit in the unit's TimeoutStopSec; tests check the sum against it.
 SHUTDOWN_BUDGET_SECONDS = SHUTDOWN_GRACE_SECONDS + 2.0 + MEMORY_FLUSH_SECONDS + LEAVE_SECONDS + 2.0
-
-
-async def supervise(
-    name: str,
-    component: Callable[[], Awaitable[None]],
-    *,
-    stopping: Callable[[], bool] = lambda: False,
-    first_delay: float = RESTART_BACKOFF_FIRST_SECONDS,
-    cap: float = RESTART_BACKOFF_CAP_SECONDS,
-    healthy_after: float = HEALTHY_RUN_SECONDS,
-) -> None:
-    """Run a component until shutdown: a crash is logged with its traceback and the component restarted.
-
-    The delay grows while the component keeps failing quickly and resets after a healthy run.
-    """
-    delay = first_delay
-    while True:
-        started = time.monotonic()
-        try:
-            await component()
-            if stopping():
-                return
-            log.warning("component_returned", component=name)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("component_crashed", component=name)
-        if time.monotonic() - started >= healthy_after:
-            delay = first_delay
-        wait = random.uniform(delay / 2, delay)
-        log.info("component_restarting", component=name, delay_s=round(wait, 2))
-        await asyncio.sleep(wait)
-        delay = min(cap, delay * 2)
 
 
 class App:
@@ -100,6 +70,14 @@ class App:
         self.roster = roster
         self.notifier = notifier or Notifier()
         self.stop_event = asyncio.Event()
+        self.failed: str | None = None
+        self.supervisor = Supervisor(
+            stopping=self.stop_event.is_set, on_change=self._show_status, on_give_up=self._give_up
+        )
+        self._world_status = "connecting to the world"
+        self._reloading = False
+        self._reload_again = False
+        self._reload_task: asyncio.Task[None] | None = None
         self.backend = backend or make_backend(settings)
         self.gate = LLMGate(settings.llm_concurrency)
         self.store = MemoryStore(settings.memory_dir, limit=settings.memory_limit)
@@ -117,12 +95,13 @@ class App:
             room=settings.world_room,
             token=token,
             npc_ids=sorted(roster.voiced),
-            on_status=self.notifier.status,
+            on_status=self._on_world_status,
         )
+        self.responder = Responder(backend=self.backend, settings=settings, roster=roster)
         self.dispatcher = Dispatcher(
             roster=roster,
             speaker=self.link,
-            responder=Responder(backend=self.backend, settings=settings, roster=roster),
+            responder=self.responder,
             gate=self.gate,
             memory=self.memory,
             conversations=Conversations(history_seconds=settings.history_minutes * 60),
@@ -139,10 +118,104 @@ class App:
         async for event in self.link.events():
             self.dispatcher.handle(event)
 
+    # ---- status and supervision ----------------------------------------------------------------
+
+    def _on_world_status(self, line: str) -> None:
+        self._world_status = line
+        self._show_status()
+
+    def _show_status(self) -> None:
+        """One STATUS= line: a failure, else the components being restarted, else a reload, else the world."""
+        restarting = self.supervisor.restarting()
+        if self.failed is not None:
+            text = self.failed
+        elif restarting:
+            window_min = self.supervisor.window_seconds / 60
+            text = "restarting " + ", ".join(
+                f"{name} after a crash ({self.supervisor.recent_crashes(name)} of "
+                f"{self.supervisor.max_crashes} allowed in {window_min:g} min)"
+                for name in restarting
+            )
+        elif self._reloading:
+            text = "reloading characters"
+        else:
+            text = self._world_status
+        self.notifier.status(text)
+
+    def _give_up(self, name: str, crashes: int) -> None:
+        self.failed = (
+            f"component {name} crashed {crashes} times in {self.supervisor.window_seconds:g} s; "
+            "exiting so that systemd restarts the bridge"
+        )
+        self.request_stop(f"component {name} failed")
+
+    # ---- reload (SIGHUP) -------------------------------------------------------------------------
+
+    def request_reload(self) -> None:
+        if self.stop_event.is_set():
+            return
+        if self._reload_task is not None and not self._reload_task.done():
+            self._reload_again = True  # a file saved during this reload is read by one more
+            return
+        self._reload_task = asyncio.get_running_loop().create_task(self._reload_loop(), name="reload")
+
+    async def _reload_loop(self) -> None:
+        self._reload_again = True
+        while self._reload_again and not self.stop_event.is_set():
+            self._reload_again = False
+            await self._reload()
+
+    async def _reload(self) -> None:
+        self.notifier.reloading()
+        self._reloading = True
+        self._show_status()
+        try:
+            log.info("reload_started", characters=str(self.settings.characters_dir))
+            try:
+                loaded = await asyncio.to_thread(load_roster, self.settings.characters_dir)
+                banned = load_settings().banned_words
+            except ConfigError as exc:
+                for line in exc.lines:
+                    log.error("reload_problem", problem=line)
+                log.error("reload_failed", problems=len(exc.lines), kept="the running characters and banned words")
+                return
+            await self._apply(plan_reload(self.roster.voiced, loaded.characters), banned)
+        except Exception:  # a bug in a reload must not take down the daemon that was running fine
+            log.exception("reload_crashed")
+        finally:
+            self._reloading = False
+            self.notifier.reloaded()
+            self._show_status()
+
+    async def _apply(self, plan: ReloadPlan, banned: tuple[str, ...]) -> None:
+        for npc_id, reason in plan.kept.items():
+            log.warning("reload_npc_still_voiced", npc=npc_id, reason=reason, until="the next restart")
+        self.roster.replace(plan.characters)
+        self.responder.use_banned_words(banned)
+        self.dispatcher.voice(self.roster.voiced)
+        for npc_id in plan.added:
+            try:
+                await self.store.load(npc_id)  # as at start: a corrupt file is set aside now
+            except Exception as exc:  # noqa: BLE001 - the NPC still talks; its memory says why
+                log.warning("reload_memory_unreadable", npc=npc_id, error_type=type(exc).__name__)
+        if plan.added:
+            self.link.voice(sorted(self.roster.voiced))  # type: ignore[attr-defined]  # branch world
+        log.info(
+            "reload_done",
+            added=plan.added,
+            changed=plan.changed,
+            kept=sorted(plan.kept),
+            voiced=sorted(self.roster.voiced),
+            banned_words=len(banned),
+        )
+
+    # ---- lifetime --------------------------------------------------------------------------------
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop, signal.Signals(signum).name)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         log.info(
             "bridge_starting",
             version=__version__,
@@ -160,10 +233,10 @@ class App:
                     "events": self._pump_events,
                     "replies": self.dispatcher.run,
                     "memory": self.memory.run,
-                    "watchdog": self.notifier.watchdog,
+                    "watchdog": lambda: self.notifier.watchdog(self.supervisor.all_running),
                 }
                 tasks = [
-                    group.create_task(supervise(name, component, stopping=self.stop_event.is_set), name=name)
+                    group.create_task(self.supervisor.supervise(name, faults.wrap(name, component)), name=name)
                     for name, component in components.items()
                 ]
                 # Everything loaded at start-up (modules, characters, settings) lives as long as the
@@ -172,22 +245,26 @@ class App:
                 gc.freeze()
                 # Up means up: a world that is down at boot must not fail the unit.
                 self.notifier.ready()
-                self.notifier.status("connecting to the world")
+                self._show_status()
                 group.create_task(self._check_model(), name="model-check")
                 await self.stop_event.wait()
+                if self._reload_task is not None:
+                    self._reload_task.cancel()
                 await self._shutdown()
                 for task in tasks:
                     task.cancel()
         finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
             await self._close_clients()
-        log.info("bridge_stopped")
+        log.info("bridge_stopped", failed=self.failed)
+        if self.failed is not None:
+            raise ComponentFailed(self.failed)
         return 0
 
     async def _shutdown(self) -> None:
         self.notifier.stopping()
-        self.notifier.status("shutting down")
+        self.notifier.status(f"shutting down: {self.failed}" if self.failed else "shutting down")
         started = time.monotonic()
         try:
             await self.dispatcher.drain(SHUTDOWN_GRACE_SECONDS)

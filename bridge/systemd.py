@@ -23,6 +23,7 @@ class Notifier:
         self._address = "\0" + address[1:] if address.startswith("@") else address
         self._socket: socket.socket | None = None
         self._last_status: str | None = None
+        self._failing = False
         usec = env.get("WATCHDOG_USEC", "")
         pid = env.get("WATCHDOG_PID", "")
         self.watchdog_seconds: float | None = None
@@ -39,10 +40,16 @@ class Notifier:
         try:
             if self._socket is None:
                 self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # Never block the event loop: a listener that does not read (its queue holds only a
+                # few datagrams) costs a dropped message, not a frozen daemon.
+                self._socket.setblocking(False)
             self._socket.sendto(message.encode("utf-8"), self._address)
+            self._failing = False
         except OSError as exc:
-            # systemd going away must never take the daemon with it.
-            log.warning("sd_notify_failed", error=str(exc))
+            # systemd going away must never take the daemon with it; one warning per run of failures.
+            if not self._failing:
+                self._failing = True
+                log.warning("sd_notify_failed", error=str(exc), message=message.split("\n", 1)[0])
 
     def ready(self) -> None:
         self.notify("READY=1")

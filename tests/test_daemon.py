@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import shutil
 import socket
 import subprocess
@@ -11,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.app import supervise
 from tests.conftest import LIVE_WORLD_TOKEN
-from tests.daemon import BRIDGE, REPO, bridge_env, log_events, start_bridge, stop_bridge
+from tests.daemon import BRIDGE, REPO, NotifyListener, bridge_env, log_events, start_bridge, stop_bridge
 from tests.fakes.llm_servers import FakeOllama
 from tests.world.harness import WorldServer
 
@@ -96,33 +94,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def test_a_crashing_component_is_restarted_with_backoff() -> None:
-    runs: list[float] = []
-
-    async def flaky() -> None:
-        runs.append(asyncio.get_running_loop().time())
-        raise RuntimeError("boom")
-
-    task = asyncio.create_task(supervise("flaky", flaky, first_delay=0.05, cap=0.2))
-    await asyncio.sleep(0.6)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    gaps = [b - a for a, b in itertools.pairwise(runs)]
-    assert 3 <= len(runs) <= 12
-    assert all(gap >= 0.02 for gap in gaps)  # never a tight loop
-    assert max(gaps) > min(gaps)  # the delay grows
-
-
 # ---- with a real world ---------------------------------------------------------------------------------
 
 
 @pytest.mark.world
 async def test_sigterm_shuts_down_gracefully_with_a_consented_leave(live_world: WorldServer, tmp_path: Path) -> None:
-    notify = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(notify))
-    sock.setblocking(False)
+    notify = NotifyListener(tmp_path)
     async with FakeOllama() as llm:
         llm.default = "[happy]いらっしゃいませ！ゆっくりしていってくださいね。"
         env = env_for(
@@ -130,8 +107,7 @@ async def test_sigterm_shuts_down_gracefully_with_a_consented_leave(live_world: 
             NPC_BRIDGE_WORLD_URL=live_world.url,
             NPC_BRIDGE_WORLD_TOKEN=TOKEN,
             NPC_BRIDGE_LLM_URL=llm.url,
-            NOTIFY_SOCKET=str(notify),
-            WATCHDOG_USEC="2000000",
+            **notify.env(watchdog_usec=2_000_000),
         )
         log_path = tmp_path / "bridge.log"
         proc = await start_bridge(env, log_path)
@@ -149,13 +125,8 @@ async def test_sigterm_shuts_down_gracefully_with_a_consented_leave(live_world: 
     record = await live_world.record()
     assert [leave["consented"] for leave in record["leaves"]] == [True]
     assert record["drops"] == []
-    messages = []
-    while True:
-        try:
-            messages.append(sock.recv(4096).decode())
-        except BlockingIOError:
-            break
-    sock.close()
+    notify.close()
+    messages = notify.messages
     assert messages[0] == "READY=1"
     assert "STATUS=joined world" in messages or any(m.startswith("STATUS=joined") for m in messages)
     assert "WATCHDOG=1" in messages and "STOPPING=1" in messages

@@ -7,6 +7,8 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +46,47 @@ def test_notifier_sends_ready_status_and_stopping(notify_socket: tuple[socket.so
         "STATUS=world unreachable, retrying in 8 s",
         "STOPPING=1",
     ]
+    notifier.close()
+
+
+def test_a_listener_that_does_not_read_never_blocks_the_daemon(notify_socket: tuple[socket.socket, str]) -> None:
+    sock, path = notify_socket
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    started = time.monotonic()
+    for n in range(500):  # far more than a datagram socket queues
+        notifier.status(f"status {n}")
+    assert time.monotonic() - started < 2.0
+    assert sock.recv(4096) == b"STATUS=status 0"
+    notifier.close()
+
+
+def test_reloading_carries_the_monotonic_time(notify_socket: tuple[socket.socket, str]) -> None:
+    sock, path = notify_socket
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    notifier.reloading()
+    notifier.reloaded()
+    after = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    reloading, ready = sock.recv(4096).decode(), sock.recv(4096).decode()
+    first, second = reloading.split("\n")
+    assert first == "RELOADING=1" and ready == "READY=1"
+    assert second.startswith("MONOTONIC_USEC=") and before <= int(second.split("=")[1]) <= after
+    notifier.close()
+
+
+async def test_watchdog_is_withheld_while_not_healthy(notify_socket: tuple[socket.socket, str]) -> None:
+    sock, path = notify_socket
+    sock.setblocking(False)
+    healthy = [False]
+    notifier = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000", "WATCHDOG_PID": str(os.getpid())})
+    task = asyncio.create_task(notifier.watchdog(lambda: healthy[0]))
+    await asyncio.sleep(0.3)
+    with pytest.raises(BlockingIOError):
+        sock.recv(64)
+    healthy[0] = True
+    await asyncio.sleep(0.2)
+    task.cancel()
+    assert sock.recv(64) == b"WATCHDOG=1"
     notifier.close()
 
 
@@ -124,7 +167,8 @@ def test_shutdown_stages_fit_inside_the_units_stop_timeout() -> None:
 )
 def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     # verify insists that ExecStart exists: point it at this checkout's real console script.
-    executable = shutil.which("npc-bridge") or str(REPO / ".venv" / "bin" / "npc-bridge")
+    beside = Path(sys.executable).parent / "npc-bridge"
+    executable = str(beside) if beside.exists() else shutil.which("npc-bridge") or sys.executable
     unit = tmp_path / "npc-bridge.service"
     unit.write_text(
         UNIT.read_text(encoding="utf-8").replace("/opt/npc-bridge/.venv/bin/npc-bridge", executable),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -97,6 +97,7 @@ class Dispatcher:
         self._log_content = log_content
         self._queues = {npc_id: _NpcQueue(character) for npc_id, character in roster.voiced.items()}
         self._closing = False
+        self._group: asyncio.TaskGroup | None = None  # while run() runs: new NPCs' workers join it
         self._notes: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -177,9 +178,24 @@ class Dispatcher:
     # ---- workers ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for npc_id, queue in self._queues.items():
-                group.create_task(self._work(queue), name=f"npc:{npc_id}")
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                for npc_id, queue in self._queues.items():
+                    group.create_task(self._work(queue), name=f"npc:{npc_id}")
+        finally:
+            self._group = None
+
+    def voice(self, characters: Mapping[str, Character]) -> None:
+        """After a reload: each NPC's reply uses its new character; a newly voiced NPC gets a worker."""
+        for npc_id, character in characters.items():
+            queue = self._queues.get(npc_id)
+            if queue is not None:
+                queue.character = character
+                continue
+            queue = self._queues[npc_id] = _NpcQueue(character)
+            if self._group is not None:
+                self._group.create_task(self._work(queue), name=f"npc:{npc_id}")
 
     async def _work(self, queue: _NpcQueue) -> None:
         while True:

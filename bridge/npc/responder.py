@@ -84,6 +84,10 @@ class Responder:
         self._fallbacks = Fallbacks()
         self._banned_global = tuple(settings.banned_words)
 
+    def use_banned_words(self, words: Sequence[str]) -> None:
+        """The global banned words from now on (a reload re-reads them; each character's are its own)."""
+        self._banned_global = tuple(words)
+
     def fallback(self, character: Character, *, error: str | None = None, rules: list[str] | None = None) -> Reply:
         return Reply(
             text=self._fallbacks.next_line(character),
