@@ -161,3 +161,48 @@ async def test_wrong_token_is_logged_as_configuration_error_without_the_token(
     assert "component_returned" not in events and "component_crashed" not in events
     # Retried slowly, not in a loop.
     assert (await live_world.record())["authFailures"] <= 3
+
+
+@pytest.mark.world
+@pytest.mark.parametrize("stdout", ["broken pipe", "closed"])
+async def test_the_daemon_keeps_answering_when_its_stdout_goes_away(
+    live_world: WorldServer, tmp_path: Path, stdout: str
+) -> None:
+    async with FakeOllama() as llm:
+        llm.default = "[happy]いらっしゃいませ！"
+        env = env_for(
+            tmp_path, NPC_BRIDGE_WORLD_URL=live_world.url, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_LLM_URL=llm.url
+        )
+        err_path = tmp_path / "stderr.log"
+        with err_path.open("wb") as err:
+            if stdout == "broken pipe":
+                # `npc-bridge run | head -1`: the reader takes one line and goes.
+                proc = await asyncio.create_subprocess_exec(
+                    *BRIDGE, "run", env=env, stdout=asyncio.subprocess.PIPE, stderr=err
+                )
+                assert proc.stdout is not None
+                first = await asyncio.wait_for(proc.stdout.readline(), 30)
+                assert b'"event": "bridge_starting"' in first
+                proc._transport.get_pipe_transport(1).close()  # type: ignore[attr-defined]
+            else:  # started with stdout closed (`npc-bridge run >&-`)
+                proc = await asyncio.create_subprocess_exec(
+                    "sh", "-c", 'exec "$@" >&-', "sh", *BRIDGE, "run", env=env, stderr=err
+                )
+        try:
+            await live_world.wait_for_worker(30)
+            for n in range(3):  # several replies, each with several log lines
+                event_id = await live_world.inject_talk("cafe-minori", f"player-{n}", "こんにちは")
+                say = await live_world.wait_for_say(lambda p, e=event_id: p["replyTo"] == e, timeout=30)
+                assert say["text"] == "いらっしゃいませ！"
+            assert await stop_bridge(proc) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    errors = err_path.read_text(encoding="utf-8")
+    assert "Traceback" not in errors and "Exception" not in errors, errors
+    reason = "stdout failed (BrokenPipeError: Broken pipe)" if stdout == "broken pipe" else "stdout is closed"
+    reports = [line for line in errors.splitlines() if line.startswith(f"npc-bridge: {reason}: ")]
+    assert reports, errors
+    final = int(reports[-1].split(": ")[-1].split()[0])
+    assert final > 10  # start-up, join, claim and three replies' worth of lines, counted
+    assert errors.splitlines() == reports
