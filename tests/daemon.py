@@ -22,7 +22,8 @@ def bridge_env(memory_dir: Path, **values: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("NPC_BRIDGE_") and k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+        if not k.startswith("NPC_BRIDGE_")
+        and k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "CREDENTIALS_DIRECTORY")
     }
     env.update(
         NPC_BRIDGE_CHARACTERS_DIR=str(REPO / "characters"),

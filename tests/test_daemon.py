@@ -30,7 +30,7 @@ def test_missing_token_exits_2_with_one_line_before_connecting(tmp_path: Path) -
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         "npc-bridge: configuration error: NPC_BRIDGE_WORLD_TOKEN: required to run "
-        "(set it, or NPC_BRIDGE_WORLD_TOKEN_FILE)"
+        "(set it, or NPC_BRIDGE_WORLD_TOKEN_FILE, or the systemd credential world-token)"
     ]
 
 
@@ -54,12 +54,16 @@ def test_invalid_character_file_stops_start_up_with_path_and_field(tmp_path: Pat
     assert "cafe-minori.json" in result.stderr and "persona" in result.stderr
 
 
-def test_check_with_the_example_env_prints_a_clear_report(tmp_path: Path) -> None:
+def test_check_with_the_example_env_and_the_credential_prints_a_clear_report(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     for line in (REPO / "systemd" / "npc-bridge.env.example").read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             key, _, value = line.partition("=")
             env[key] = value
+    # As the unit's LoadCredential= hands it over.
+    (tmp_path / "credentials").mkdir()
+    (tmp_path / "credentials" / "world-token").write_text("change-me-credential\n", encoding="utf-8")
+    env["CREDENTIALS_DIRECTORY"] = str(tmp_path / "credentials")
     # Nothing listens on these loopback ports: the report must say so, and exit 1.
     port = _free_port()
     env["NPC_BRIDGE_WORLD_URL"] = f"http://127.0.0.1:{port}"
@@ -73,6 +77,7 @@ def test_check_with_the_example_env_prints_a_clear_report(tmp_path: Path) -> Non
     assert f"FAIL  world http://127.0.0.1:{port} unreachable" in out
     assert "FAIL  LLM ollama" in out
     assert "change-me" not in out
+    assert "is not a setting" not in out  # every name in the example is a real setting
 
 
 async def test_check_passes_when_world_and_llm_answer(tmp_path: Path) -> None:
@@ -132,6 +137,26 @@ async def test_sigterm_shuts_down_gracefully_with_a_consented_leave(live_world: 
     assert "WATCHDOG=1" in messages and "STOPPING=1" in messages
     events = [e["event"] for e in log_events(log_path)]
     assert "bridge_stopped" in events and "component_crashed" not in events
+    assert TOKEN not in log_path.read_text(encoding="utf-8")
+
+
+@pytest.mark.world
+async def test_the_token_comes_from_the_systemd_credential(live_world: WorldServer, tmp_path: Path) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "world-token").write_text(TOKEN + "\n", encoding="utf-8")
+    async with FakeOllama() as llm:
+        env = env_for(tmp_path, NPC_BRIDGE_WORLD_URL=live_world.url, NPC_BRIDGE_LLM_URL=llm.url)
+        env["CREDENTIALS_DIRECTORY"] = str(credentials)
+        log_path = tmp_path / "bridge.log"
+        proc = await start_bridge(env, log_path)
+        try:
+            record = await live_world.wait_for_worker(30)
+            assert await stop_bridge(proc) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    assert record["authFailures"] == 0
     assert TOKEN not in log_path.read_text(encoding="utf-8")
 
 
