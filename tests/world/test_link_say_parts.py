@@ -172,3 +172,21 @@ async def test_the_reference_world_records_every_broken_parts_rule(parts_world: 
         ("part_after_say", "b"),
         ("part_not_offered", "c"),
     ]
+
+
+async def test_a_part_too_big_for_a_frame_is_refused_with_a_log_line_and_the_connection_stays(
+    parts_world: WorldServer,
+) -> None:
+    with capture_logs() as logs:
+        async with running_link(parts_world.url, WORLD_TOKEN) as h:
+            await h.joined()
+            await h.link.say_part(SayPart(npc_id="cafe-minori", reply_to="evt-big", index=0, text="長" * 2000))
+            await _reply_in_parts(h, "evt-next")
+            await parts_world.wait_for_say(lambda s: s["replyTo"] == "evt-next")
+            assert h.link.connected
+    record = await parts_world.record()
+    assert [p["payload"]["replyTo"] for p in record["parts"]] == ["evt-next", "evt-next"]
+    assert record["drops"] == [] and len(record["joins"]) == 1
+    refused = [e for e in logs if e["event"] == "world_frame_refused"]
+    assert [(e["type"], e["npc"], e["log_level"]) for e in refused] == [("npc:say:part", "cafe-minori", "error")]
+    assert refused[0]["frame_bytes"] > 4000
