@@ -96,6 +96,7 @@ class App:
             token=token,
             npc_ids=sorted(roster.voiced),
             on_status=self._on_world_status,
+            say_parts=settings.say_parts == "auto",
         )
         self.responder = Responder(backend=self.backend, settings=settings, roster=roster)
         self.dispatcher = Dispatcher(
@@ -199,7 +200,7 @@ class App:
             except Exception as exc:  # noqa: BLE001 - the NPC still talks; its memory says why
                 log.warning("reload_memory_unreadable", npc=npc_id, error_type=type(exc).__name__)
         if plan.added:
-            self.link.voice(sorted(self.roster.voiced))  # type: ignore[attr-defined]  # branch world
+            self.link.voice(sorted(self.roster.voiced))
         log.info(
             "reload_done",
             added=plan.added,
