@@ -126,9 +126,11 @@ class App:
         self._show_status()
 
     def _show_status(self) -> None:
-        """One STATUS= line: a failure, else the components being restarted, else a reload, else the world."""
+        """One STATUS= line: shutdown, a failure, the components being restarted, a reload, or the world's."""
         restarting = self.supervisor.restarting()
-        if self.failed is not None:
+        if self.stop_event.is_set():
+            text = f"shutting down: {self.failed}" if self.failed else "shutting down"
+        elif self.failed is not None:
             text = self.failed
         elif restarting:
             window_min = self.supervisor.window_seconds / 60
@@ -265,7 +267,7 @@ class App:
 
     async def _shutdown(self) -> None:
         self.notifier.stopping()
-        self.notifier.status(f"shutting down: {self.failed}" if self.failed else "shutting down")
+        self._show_status()
         started = time.monotonic()
         try:
             await self.dispatcher.drain(SHUTDOWN_GRACE_SECONDS)
