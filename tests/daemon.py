@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +96,11 @@ class NotifyListener:
         self._sock.bind(str(self.path))
         self._sock.setblocking(False)
         self.messages: list[str] = []
+        self.arrived: list[float] = []  # time.monotonic() each message was read, beside `messages`
+        self._cursor = 0  # wait_for looks only after the message the previous wait_for returned
         # Read as they come, as systemd does: the kernel queues only a few datagrams per socket.
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().add_reader(self._sock.fileno(), self.read)
-        self._cursor = 0  # wait_for looks only after the message the previous wait_for returned
 
     def env(self, watchdog_usec: int | None = None) -> dict[str, str]:
         values = {"NOTIFY_SOCKET": str(self.path)}
@@ -111,6 +113,7 @@ class NotifyListener:
         while self._sock.fileno() != -1:
             try:
                 self.messages.append(self._sock.recv(65536).decode())
+                self.arrived.append(time.monotonic())
             except BlockingIOError:
                 break
         return self.messages
