@@ -131,9 +131,7 @@ def _run(settings: Settings) -> int:
             f"NPC_BRIDGE_CHARACTERS_DIR: no character in {settings.characters_dir.resolve()} has talk 'worker'"
         )
     prepare_memory_dir(settings.memory_dir)
-    logs.configure(
-        fmt=settings.log_format, level=settings.log_level, log_content=settings.log_content, secrets=[token]
-    )
+    logs.configure(fmt=settings.log_format, level=settings.log_level, log_content=settings.log_content, secrets=[token])
     for warning in warnings:
         structlog.get_logger(__name__).warning("setting_unknown", problem=warning)
 

@@ -90,9 +90,7 @@ class Supervisor:
             while crashes and now - crashes[0] > self.window_seconds:
                 crashes.popleft()
             if len(crashes) >= self.max_crashes:
-                log.error(
-                    "component_failed", component=name, crashes=len(crashes), window_s=self.window_seconds
-                )
+                log.error("component_failed", component=name, crashes=len(crashes), window_s=self.window_seconds)
                 self._on_give_up(name, len(crashes))
                 self._set(name, False)
                 return

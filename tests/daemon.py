@@ -58,9 +58,7 @@ async def stop_bridge(proc: asyncio.subprocess.Process) -> int:
 
 def log_events(log_path: Path) -> list[dict[str, Any]]:
     """The JSON log lines the daemon wrote."""
-    return [
-        json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("{")
-    ]
+    return [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.startswith("{")]
 
 
 def read_log(log_path: Path) -> str:

@@ -82,9 +82,7 @@ def test_check_with_the_example_env_and_the_credential_prints_a_clear_report(tmp
 
 async def test_check_passes_when_world_and_llm_answer(tmp_path: Path) -> None:
     async with FakeOllama() as llm:
-        env = env_for(
-            tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_LLM_URL=llm.url, NPC_BRIDGE_WORLD_URL=llm.url
-        )
+        env = env_for(tmp_path, NPC_BRIDGE_WORLD_TOKEN=TOKEN, NPC_BRIDGE_LLM_URL=llm.url, NPC_BRIDGE_WORLD_URL=llm.url)
         proc = await asyncio.create_subprocess_exec(
             *BRIDGE, "check", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )

@@ -20,9 +20,7 @@ NOWHERE = "http://127.0.0.1:9"
 
 
 def run(tmp_path: Path, *args: str, **values: str) -> subprocess.CompletedProcess[str]:
-    env = bridge_env(
-        tmp_path / "memory", NPC_BRIDGE_WORLD_URL=NOWHERE, NPC_BRIDGE_LLM_URL=NOWHERE, **values
-    )
+    env = bridge_env(tmp_path / "memory", NPC_BRIDGE_WORLD_URL=NOWHERE, NPC_BRIDGE_LLM_URL=NOWHERE, **values)
     env.pop("CREDENTIALS_DIRECTORY", None)
     env["PYTHONPATH"] = str(REPO)  # run from tmp_path (relative paths), this checkout's code
     return subprocess.run(

@@ -117,8 +117,10 @@ async def test_sighup_reloads_characters_and_banned_words_without_leaving_the_wo
             proc.send_signal(signal.SIGHUP)
             await wait_for_log(
                 log_path,
-                lambda e: e["event"] in ("reload_done", "reload_failed")
-                and sum(x["event"] in ("reload_done", "reload_failed") for x in log_events(log_path)) >= count,
+                lambda e: (
+                    e["event"] in ("reload_done", "reload_failed")
+                    and sum(x["event"] in ("reload_done", "reload_failed") for x in log_events(log_path)) >= count
+                ),
                 proc=proc,
             )
 

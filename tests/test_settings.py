@@ -186,9 +186,7 @@ def test_token_comes_from_the_systemd_credential_when_no_variable_names_one(
     assert load_settings().require_token() == "env-token"
 
 
-def test_a_credentials_directory_without_the_token_is_no_token(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_credentials_directory_without_the_token_is_no_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
     with pytest.raises(ConfigError, match=r"^NPC_BRIDGE_WORLD_TOKEN: required .*credential world-token"):
         load_settings().require_token()
