@@ -128,6 +128,8 @@ class App:
     def _show_status(self) -> None:
         """One STATUS= line: shutdown, a failure, the components being restarted, a reload, or the world's."""
         restarting = self.supervisor.restarting()
+        if "world" in restarting:
+            self._world_status = "reconnecting to the world"  # until the restarted link says more
         if self.stop_event.is_set():
             text = f"shutting down: {self.failed}" if self.failed else "shutting down"
         elif self.failed is not None:
