@@ -95,3 +95,35 @@ def test_throttle_lets_a_burst_through_then_counts_until_the_next_window() -> No
     now[0] = 60.0
     assert throttle.admit("bad_frame") == 3  # the next line says how many were not logged
     assert throttle.admit("bad_frame") == 0
+
+
+class _GoneReader(io.StringIO):
+    """A stdout whose reader has gone: every write is a broken pipe."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_broken_stdout_drops_and_counts_lines_and_never_raises(capfd: pytest.CaptureFixture[str]) -> None:
+    stream = logs.SafeStream(_GoneReader())
+    logs.configure(fmt="json", level="info", stream=stream)  # type: ignore[arg-type]
+    log = structlog.get_logger("t")
+    for n in range(5):
+        log.info("reply_said", n=n)
+    logging.getLogger("httpx").warning("a library line")  # the standard library's path too
+    assert stream.dropped == 6
+    stream.close()
+    reports = capfd.readouterr().err.splitlines()
+    # Once at the first drop, then (within the minute) only the final count at exit.
+    assert reports == [
+        "npc-bridge: stdout failed (BrokenPipeError: Broken pipe): 1 log lines dropped so far",
+        "npc-bridge: stdout failed (BrokenPipeError: Broken pipe): 6 log lines dropped so far",
+    ]
+
+
+def test_a_closed_stdout_is_counted_from_the_start(capfd: pytest.CaptureFixture[str]) -> None:
+    stream = logs.SafeStream(None)
+    stream.write('{"event": "x"}\n')
+    stream.flush()
+    assert stream.dropped == 1 and not stream.isatty()
+    assert capfd.readouterr().err == "npc-bridge: stdout is closed: 1 log lines dropped so far\n"
