@@ -205,11 +205,11 @@ class WorldLink:
         joined_at = self._clock()
         try:
             await self._serve(conn)
-        except Exception:
+        except Exception as exc:
             # A bug, not the network: leave the seat with consent and let the caller (the daemon's
             # supervisor) restart us; the next run() joins afresh and claims again.
             self.connected = False
-            log.error("world_link_crashed", room_id=conn.seat.room_id)
+            log.error("world_link_crashed", room_id=conn.seat.room_id, error_type=type(exc).__name__)
             self._session.forget()
             await conn.send_leave()
             with contextlib.suppress(TimeoutError):
