@@ -4,7 +4,8 @@ Everything the model returns is untrusted text. `clean` runs the six steps of th
 
 1. Cut everything from the first chat-template marker on (`<|…`, `<assistant`, `<user`, `<system`
    (and their closing forms `</assistant` …), `<end_of_turn>`, `<start_of_turn>`, `</s>`, `<s>`,
-   `[INST]`, `<<SYS>>`; case-insensitive). A role header at the very start (`assistant`, `model`,
+   `[INST]`, `<<SYS>>`; case-insensitive; beyond the letter, the other templates' tokens of
+   `bridge.markers` too). A role header at the very start (`assistant`, `model`,
    `Assistant:` alone on the first line) is removed, not cut after. Beyond the letter: a leading
    `Assistant:` / `model:` label followed by text on the same line is removed too.
    A marker at the very start leaves nothing: the reply is empty and the checks regenerate it.
@@ -51,6 +52,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bridge.markers import first_template_marker
 from bridge.speech import Emotion
 
 # Step 2 always treats these as the other side of the conversation.
@@ -61,10 +63,6 @@ _CLOSERS = "」』）)”’\"'〉》】"
 _SPACE = r"[ \t\u3000]"
 
 # --- step 1 -------------------------------------------------------------------------------------
-_TEMPLATE_MARKER = re.compile(
-    r"<\||</?(?:assistant|user|system)|<end_of_turn>|<start_of_turn>|</s>|<s>|\[INST\]|<<SYS>>",
-    re.IGNORECASE,
-)
 # A markdown heading line: the model is echoing its prompt or writing a document.
 _HEADING = re.compile(r"(?m)^[ \t\u3000]*#{1,6}[ \t\u3000]")
 # A list marker at a line start ("- 日本語で答える。"): speech has no bullets.
@@ -225,7 +223,8 @@ def _own_prefix_for(own_names: tuple[str, ...]) -> re.Pattern[str] | None:
 def _cut_markers(raw: str) -> tuple[str, bool]:
     """Step 1."""
     text = _ROLE_HEADER.sub("", raw, count=1)
-    cuts = [found.start() for found in (_TEMPLATE_MARKER.search(text), _HEADING.search(text)) if found]
+    heading = _HEADING.search(text)
+    cuts = [at for at in (first_template_marker(text), heading.start() if heading else None) if at is not None]
     if not cuts:
         return text, False
     return text[: min(cuts)], True
