@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bridge.errors import ConfigError
-from bridge.npc.cleaner import OtherSpeakers, fold_names
+from bridge.npc.cleaner import OtherSpeakers
 
 BUILTIN_FALLBACK = "すみません、少々お待ちくださいね。"
 
@@ -158,7 +158,7 @@ class Roster:
 
 
 def _speakers_of(character: Character, names: OtherSpeakers) -> OtherSpeakers:
-    return OtherSpeakers(names=names.names, own=fold_names((character.name, character.short_name)))
+    return names.with_own((character.name, character.short_name))
 
 
 def _describe(error: ValidationError) -> str:

@@ -46,6 +46,7 @@ Everything the model returns is untrusted text. `clean` runs the six steps of th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import unicodedata
@@ -114,11 +115,10 @@ _CUT_POINTS = "、，, "
 
 @dataclass(frozen=True)
 class Cleaned:
-    """A cleaned reply: the text to speak (may be empty), its emotion, and its sentence count."""
+    """A cleaned reply: the text to speak (may be empty) and its emotion."""
 
     text: str
     emotion: Emotion
-    sentences: int  # sentence units in `text` (a final fragment or a cut sentence counts as one)
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _names_alternation(names: Iterable[str]) -> str | None:
 
 # A speaker label at a line or sentence start: `[tag] name(さん|様|さま)? :`. One pattern for every set of
 # names; whether a label cuts is decided by its name in code. (An alternation of the names compiled
-# per player cost ~0.5 ms on the first reply to every new player.)
+# per player was paid on the first reply to every new player.)
 _MAX_LABEL_CHARS = 64
 _LABEL = re.compile(
     rf"(?:^|(?<=[{_END_MARKS}.{_CLOSERS}])){_SPACE}*(?:\[[^\[\]\n]*\]{_SPACE}*)*"
@@ -164,18 +164,35 @@ class OtherSpeakers:
     names: frozenset[str]  # may hold this NPC's own names too: they are excluded on lookup
     own: frozenset[str] = frozenset()
     player: str = ""
+    # The names holding a sentence end or a closer ("Dr. Kato"): the few a label check while streaming
+    # must look at one by one. Computed with `names`, so no reply walks the cast to find them.
+    spanning_names: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, names: Iterable[str], *, own_names: Iterable[str] = ()) -> OtherSpeakers:
-        return cls(names=fold_names((*names, *ALWAYS_OTHER_SPEAKERS)), own=fold_names(own_names))
+        folded = fold_names((*names, *ALWAYS_OTHER_SPEAKERS))
+        return cls(names=folded, own=fold_names(own_names), spanning_names=frozenset(filter(_spans, folded)))
+
+    def with_own(self, own_names: Iterable[str]) -> OtherSpeakers:
+        return dataclasses.replace(self, own=fold_names(own_names))
 
     def with_player(self, player_name: str) -> OtherSpeakers:
-        return OtherSpeakers(names=self.names, own=self.own, player=_fold(player_name))
+        return dataclasses.replace(self, player=_fold(player_name))
+
+    @property
+    def spanning(self) -> list[str]:
+        """Other speakers' names holding a sentence end or a closer (own names left out)."""
+        found = [name for name in self.spanning_names if name not in self.own]
+        return [*found, self.player] if self.player in self and _spans(self.player) else found
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str) or not name or name in self.own:
             return False
         return name in self.names or name == self.player
+
+
+def _spans(name: str) -> bool:
+    return any(char in name for char in _END_MARKS + "." + _CLOSERS)
 
 
 def fold_names(names: Iterable[str]) -> frozenset[str]:
@@ -190,7 +207,8 @@ def _is_other(label: str, others: OtherSpeakers) -> bool:
     return any(name.endswith(h) and name[: -len(h)].rstrip() in others for h in _HONORIFICS)
 
 
-def _speakers(own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> OtherSpeakers:
+def other_names(own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> OtherSpeakers:
+    """Whose labels cut: `other_speakers` as given on the reply path, or built from a list of names."""
     if isinstance(other_speakers, OtherSpeakers):
         return other_speakers
     return OtherSpeakers.of(other_speakers, own_names=own_names)
@@ -349,7 +367,7 @@ def _speaker_and_quotes(text: str, own_prefix: re.Pattern[str] | None) -> str:
 def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> _Body:
     """Steps 1-5."""
     text, cut_marker = _cut_markers(raw)
-    text, cut_speaker = _cut_other_speakers(text, _speakers(own_names, other_speakers))
+    text, cut_speaker = _cut_other_speakers(text, other_names(own_names, other_speakers))
     text, emotion = _take_emotion(text)
     text = _remove_stage_directions(text)
     text = _LIST_MARKER.sub("", text)
@@ -424,9 +442,7 @@ def clean(
     kept = units[: max(1, max_sentences)]
     if kept and max_chars > 0:
         kept = _cut_to_chars(kept, max_chars)
-    text = _balance_quotes("".join(kept).strip())
-    count = len([unit for unit in kept if unit.strip()]) if text else 0
-    return Cleaned(text=text, emotion=body.emotion, sentences=count)
+    return Cleaned(text=_balance_quotes("".join(kept).strip()), emotion=body.emotion)
 
 
 def has_enough(

@@ -93,6 +93,12 @@ def test_a_character_is_never_another_speaker_to_itself() -> None:
     cleaned = clean("みのり：はい、どうぞ。", own_names=own, other_speakers=others, max_sentences=2, max_chars=90)
     assert cleaned.text == "はい、どうぞ。"
     assert "あおい" in others and "user" in others and "みのり" not in others
+    # The few names a streamed label check must look at one by one are known without walking the cast.
+    assert roster.other_speakers(a, "Mr. Sato").spanning == ["mr. sato"]
+    kato = Roster({"a": a, "k": staff("k", "Dr. Kato")})
+    assert kato.other_speakers(a).spanning == ["dr. kato"]
+    kato_self = kato.get("k")
+    assert kato_self is not None and kato.other_speakers(kato_self).spanning == []
     # A character object from before a replace still gets the current cast's names.
     roster.replace({"b": staff("b", "映画館のあおい", "あおい"), "c": staff("c", "旅館のふみ", "ふみ")})
     assert "ふみ" in roster.other_speakers(a, "旅人") and "旅人" in roster.other_speakers(a, "旅人")
