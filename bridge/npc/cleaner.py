@@ -47,7 +47,6 @@ Everything the model returns is untrusted text. `clean` runs the six steps of th
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -126,14 +125,6 @@ class _Body:
     text: str  # after steps 1-5
     emotion: Emotion
     cut: bool  # a cut point (template marker or another speaker's line) was found
-
-
-def _names_alternation(names: Iterable[str]) -> str | None:
-    unique = {name.strip() for name in names if name and name.strip()}
-    if not unique:
-        return None
-    # Longest first, so "カフェのみのり" wins over "みのり".
-    return "|".join(re.escape(name) for name in sorted(unique, key=len, reverse=True))
 
 
 # A speaker label at a line or sentence start: `[tag] name(さん|様|さま)? :`. One pattern for every set of
@@ -225,17 +216,14 @@ def _other_label_start(text: str, others: OtherSpeakers) -> int | None:
     return None
 
 
-def _own_prefix(own_names: Sequence[str]) -> re.Pattern[str] | None:
-    return _own_prefix_for(tuple(own_names))
+# A leading `name:` at a line start; whether it is this NPC's own prefix is decided by the name in code,
+# so no pattern is compiled per character.
+_PREFIX = re.compile(rf"\A{_SPACE}*(?P<name>[^\n:：]{{1,{_MAX_LABEL_CHARS}}}?){_SPACE}*[:：]{_SPACE}*")
 
 
-# Keyed by a character's own names: bounded by the cast, not by players or replies.
-@functools.lru_cache(maxsize=4096)
-def _own_prefix_for(own_names: tuple[str, ...]) -> re.Pattern[str] | None:
-    alternation = _names_alternation(own_names)
-    if alternation is None:
-        return None
-    return re.compile(rf"\A{_SPACE}*(?:{alternation}){_SPACE}*[:：]{_SPACE}*", re.IGNORECASE)
+def _strip_own_prefix(text: str, own: frozenset[str]) -> str:
+    found = _PREFIX.match(text)
+    return text[found.end() :] if found is not None and _fold(found.group("name")) in own else text
 
 
 def _cut_markers(raw: str) -> tuple[str, bool]:
@@ -351,16 +339,10 @@ def _tidy_whitespace(text: str) -> str:
     return "".join(out)
 
 
-def _speaker_and_quotes(text: str, own_prefix: re.Pattern[str] | None) -> str:
+def _speaker_and_quotes(text: str, own: frozenset[str]) -> str:
     """Step 5."""
-    lines = []
-    for line in text.split("\n"):
-        if own_prefix is not None:
-            line = own_prefix.sub("", line, count=1)
-        lines.append(_unquote(line))
-    text = _tidy_whitespace("\n".join(lines))
-    if own_prefix is not None:
-        text = own_prefix.sub("", text, count=1)
+    lines = [_unquote(_strip_own_prefix(line, own)) for line in text.split("\n")]
+    text = _strip_own_prefix(_tidy_whitespace("\n".join(lines)), own)
     return _unquote(text)
 
 
@@ -371,7 +353,7 @@ def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str] | Ot
     text, emotion = _take_emotion(text)
     text = _remove_stage_directions(text)
     text = _LIST_MARKER.sub("", text)
-    text = _speaker_and_quotes(text, _own_prefix(own_names))
+    text = _speaker_and_quotes(text, fold_names(own_names))
     # Again, for narration that stood alone only once the prefix was gone ("みのり：（微笑む）はい。").
     text = _tidy_whitespace(_drop_narration(text))
     return _Body(text=text, emotion=emotion, cut=cut_marker or cut_speaker)

@@ -88,7 +88,8 @@ async def one_size(bench: BenchLike, llm: LLMProcess, size: int, idle_seconds: f
     ids = write_characters(work / "generated", size)
     world = await WorldServer.start(WORLD_VERSION, TOKEN, extra_npcs=ids)
     env = bridge_env(work, world.url, llm.url, NPC_BRIDGE_CHARACTERS_DIR=str(work / "generated"))
-    daemon = Daemon(env, work / "bridge.log")
+    profile = work / "bridge.prof" if getattr(bench, "profile", False) else None
+    daemon = Daemon(env, work / "bridge.log", profile_path=profile)
     injector = Injector(world)
     result: dict[str, Any] = {"npcs": size}
     try:
@@ -252,11 +253,12 @@ async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.perf.scale", description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="numbers of NPCs")
     parser.add_argument("--quick", action="store_true", help="5 s idle instead of 20 s")
+    parser.add_argument("--profile", action="store_true", help="daemons under cProfile (bridge.prof)")
     parser.add_argument("--json", type=Path, default=REPO / "tests" / "perf" / "results" / "scale.json")
     args = parser.parse_args(argv)
     work = args.json.parent / "work-scale"
     work.mkdir(parents=True, exist_ok=True)
-    bench = Bench(QUICK if args.quick else FULL, work)
+    bench = Bench(QUICK if args.quick else FULL, work, profile=args.profile)
     result = await part5(bench, tuple(args.sizes), idle_seconds=5.0 if args.quick else 20.0)
     print_part5(result)
     args.json.write_text(json.dumps(result, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
