@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -85,6 +86,7 @@ async def claimed_ids(world: WorldServer) -> set[str]:
 
 async def one_size(bench: BenchLike, llm: LLMProcess, size: int, idle_seconds: float) -> dict[str, Any]:
     work = bench.work / f"scale-{size}"
+    shutil.rmtree(work, ignore_errors=True)  # memory files of an earlier run would be extracted at start
     ids = write_characters(work / "generated", size)
     world = await WorldServer.start(WORLD_VERSION, TOKEN, extra_npcs=ids)
     env = bridge_env(work, world.url, llm.url, NPC_BRIDGE_CHARACTERS_DIR=str(work / "generated"))
