@@ -128,11 +128,12 @@ def _lines_run(work: Callable[[], None]) -> int:
             count += 1
         return tracer
 
+    previous = sys.gettrace()  # a coverage tracer, say: put back afterwards
     sys.settrace(tracer)
     try:
         work()
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     return count
 
 
