@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bridge.errors import ConfigError
-from bridge.npc.cleaner import OtherSpeakers, fold_names
 
 BUILTIN_FALLBACK = "すみません、少々お待ちくださいね。"
 
@@ -112,29 +111,46 @@ class Character(_Part):
         return [line for line in self.fallbacks if line.strip()] or [BUILTIN_FALLBACK]
 
 
+_T = TypeVar("_T")
+
+
+class Derived(Generic[_T]):
+    """A value computed from a roster's voiced characters: when made, and again at every replace."""
+
+    def __init__(self, build: Callable[[Mapping[str, Character]], _T], voiced: Mapping[str, Character]) -> None:
+        self._build = build
+        self.value = build(voiced)
+
+    def rebuild(self, voiced: Mapping[str, Character]) -> None:
+        self.value = self._build(voiced)
+
+
 class Roster:
     """All loaded characters; `voiced` are the ones the bridge claims.
 
     One Roster is shared by every component; `replace` swaps its characters in place (a reload), so
-    all of them see the new ones. What a reply needs per character (the other speakers' names) is
-    computed here, at start and at each replace, never on the reply path.
+    all of them see the new ones. What a reply needs from the whole cast (e.g. the other speakers'
+    names) is a `derive`d value: computed at start and at each replace, never on the reply path.
     """
 
     def __init__(self, characters: Mapping[str, Character]) -> None:
         self._characters: dict[str, Character] = {}
         self._voiced: dict[str, Character] = {}
-        self._names = OtherSpeakers.of(())
-        self._speakers: dict[str, OtherSpeakers] = {}
+        self._derived: list[Derived[Any]] = []
         self.replace(characters)
 
     def replace(self, characters: Mapping[str, Character]) -> None:
-        """Swap in a new set of characters and recompute the per-character caches."""
+        """Swap in a new set of characters and recompute every derived value."""
         everyone = dict(characters)
-        voiced = {cid: c for cid, c in everyone.items() if c.voiced}
-        # One set of every voiced name, shared by all characters: memory O(N), not O(N²).
-        names = OtherSpeakers.of(name for c in voiced.values() for name in (c.name, c.short_name))
-        speakers = {cid: _speakers_of(c, names) for cid, c in everyone.items()}
-        self._characters, self._voiced, self._names, self._speakers = everyone, voiced, names, speakers
+        self._characters, self._voiced = everyone, {cid: c for cid, c in everyone.items() if c.voiced}
+        for derived in self._derived:
+            derived.rebuild(self.voiced)
+
+    def derive(self, build: Callable[[Mapping[str, Character]], _T]) -> Derived[_T]:
+        """`build(voiced characters)` now and after every replace; read it as `.value`."""
+        derived = Derived(build, self.voiced)
+        self._derived.append(derived)
+        return derived
 
     @property
     def characters(self) -> Mapping[str, Character]:
@@ -146,19 +162,6 @@ class Roster:
 
     def get(self, npc_id: str) -> Character | None:
         return self._characters.get(npc_id)
-
-    def other_speakers(self, character: Character, player_name: str = "") -> OtherSpeakers:
-        """Everyone whose speaker label cuts this character's reply: the other voiced characters,
-        `ユーザー`/`User`/`プレイヤー`, and `player_name`. O(1) in the size of the cast."""
-        speakers = self._speakers.get(character.id)
-        if speakers is None or self._characters.get(character.id) is not character:
-            # A character from before a replace, or one not in the roster: same names, its own excluded.
-            speakers = _speakers_of(character, self._names)
-        return speakers.with_player(player_name) if player_name else speakers
-
-
-def _speakers_of(character: Character, names: OtherSpeakers) -> OtherSpeakers:
-    return OtherSpeakers(names=names.names, own=fold_names((character.name, character.short_name)))
 
 
 def _describe(error: ValidationError) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Protocol
 import structlog
 
 from bridge.llm.gate import LLMGate, Priority
+from bridge.memory.keeper import RECALL_TIMEOUT_SECONDS
 from bridge.npc.characters import Character, Roster
 from bridge.npc.conversation import Conversations
 from bridge.npc.prompt import Exchange, sanitize_player_text
@@ -28,7 +29,6 @@ from bridge.world.messages import NpcEvent, PlayerLeft, Say, Talk, Typing
 log = structlog.get_logger(__name__)
 
 MAX_QUEUED_LINES_PER_NPC = 16
-RECALL_TIMEOUT_SECONDS = 5.0
 SHUTDOWN_GRACE_SECONDS = 5.0
 
 

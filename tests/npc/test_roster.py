@@ -16,7 +16,7 @@ import pytest
 from bridge.llm.ollama import OllamaBackend
 from bridge.npc.characters import Character, Roster, load_roster
 from bridge.npc.cleaner import clean, has_enough
-from bridge.npc.responder import Reply, ReplyContext, Responder
+from bridge.npc.responder import CastSpeakers, Reply, ReplyContext, Responder
 from bridge.settings import load_settings
 from tests.fakes.llm_servers import FakeOllama
 
@@ -89,21 +89,29 @@ def test_a_character_is_never_another_speaker_to_itself() -> None:
     assert a is not None
     own = [a.name, a.short_name]
     # A player who named themselves after the NPC is not another speaker either.
-    others = roster.other_speakers(a, "みのり")
+    speakers = CastSpeakers(roster)
+    others = speakers.of(a, "みのり")
     cleaned = clean("みのり：はい、どうぞ。", own_names=own, other_speakers=others, max_sentences=2, max_chars=90)
     assert cleaned.text == "はい、どうぞ。"
     assert "あおい" in others and "user" in others and "みのり" not in others
+    # The few names a streamed label check must look at one by one are known without walking the cast.
+    assert speakers.of(a, "Mr. Sato").spanning == ["mr. sato"]
+    kato = Roster({"a": a, "k": staff("k", "Dr. Kato")})
+    kato_self = kato.get("k")
+    assert kato_self is not None
+    assert CastSpeakers(kato).of(a).spanning == ["dr. kato"] and CastSpeakers(kato).of(kato_self).spanning == []
     # A character object from before a replace still gets the current cast's names.
-    roster.replace({"b": staff("b", "映画館のあおい", "あおい"), "c": staff("c", "旅館のふみ", "ふみ")})
-    assert "ふみ" in roster.other_speakers(a, "旅人") and "旅人" in roster.other_speakers(a, "旅人")
+    roster.replace({"b": staff("b", "映画館のゆき", "ゆき"), "c": staff("c", "旅館のふみ", "ふみ")})
+    assert "ふみ" in speakers.of(a, "旅人") and "旅人" in speakers.of(a, "旅人")
+    assert "あおい" not in speakers.of(a, "旅人")  # the name of no one in the new cast
 
 
-def _reply_path(roster: Roster, player_name: str) -> None:
+def _reply_path(roster: Roster, speakers: CastSpeakers, player_name: str) -> None:
     """What a reply does with the roster and the cleaner: the per-reply names, streaming checks, clean."""
     character = roster.get("npc-1")
     assert character is not None
     own = [character.name, character.short_name]
-    others = roster.other_speakers(character, player_name)
+    others = speakers.of(character, player_name)
     for end in range(4, len(RAW), 4):
         has_enough(RAW[:end], own_names=own, other_speakers=others, max_sentences=2)
     assert clean(RAW, own_names=own, other_speakers=others, max_sentences=2, max_chars=90).text == (
@@ -120,30 +128,34 @@ def _lines_run(work: Callable[[], None]) -> int:
             count += 1
         return tracer
 
+    previous = sys.gettrace()  # a coverage tracer, say: put back afterwards
     sys.settrace(tracer)
     try:
         work()
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     return count
 
 
 def test_the_reply_path_runs_the_same_lines_for_3_and_1000_characters() -> None:
     small, large = generated_roster(3), generated_roster(1000)
-    _reply_path(small, "warm-up")
-    _reply_path(large, "warm-up")
-    assert _lines_run(lambda: _reply_path(large, "新しい旅人")) == _lines_run(lambda: _reply_path(small, "新しい旅人"))
+    at_3, at_1000 = CastSpeakers(small), CastSpeakers(large)
+    _reply_path(small, at_3, "warm-up")
+    _reply_path(large, at_1000, "warm-up")
+    lines_at_1000 = _lines_run(lambda: _reply_path(large, at_1000, "新しい旅人"))
+    assert lines_at_1000 == _lines_run(lambda: _reply_path(small, at_3, "新しい旅人"))
 
 
 def test_new_players_leave_no_memory_behind_at_any_cast_size() -> None:
     for size in (3, 1000):
         roster = generated_roster(size)
-        _reply_path(roster, "warm-up")
+        speakers = CastSpeakers(roster)
+        _reply_path(roster, speakers, "warm-up")
         tracemalloc.start()
         try:
             before = tracemalloc.take_snapshot()
             for n in range(300):
-                _reply_path(roster, f"旅人{n}")
+                _reply_path(roster, speakers, f"旅人{n}")
             kept = tracemalloc.take_snapshot().compare_to(before, "filename")
             _, peak = tracemalloc.get_traced_memory()
         finally:
