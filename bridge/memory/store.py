@@ -23,6 +23,7 @@ import structlog
 from pydantic import ValidationError
 
 from bridge.errors import MemoryStoreError
+from bridge.memory.checks import Kept, apply_kept
 from bridge.memory.models import NPC_ID_PATTERN, Memory, MemoryFile, OutboxItem, PendingLine
 
 log = structlog.get_logger(__name__)
@@ -237,18 +238,20 @@ class MemoryStore:
         heard_at: datetime | None = None,
         source: str = "",
         outbox: Sequence[OutboxItem] = (),
+        kept: Sequence[Kept] = (),
     ) -> None:
         """In one write: add the kept memories (or queue them in the outbox) and clear the first
-        `taken` pending lines, so a crash cannot store memories yet keep the lines they came from."""
-        if texts and heard_at is None:
+        `taken` pending lines, so a crash cannot store memories yet keep the lines they came from.
+        `texts` are new memories; `kept` may also refresh or replace stored ones (`apply_kept`)."""
+        added = (*(Kept(text) for text in texts), *kept)
+        if added and heard_at is None:
             raise ValueError("heard_at is required with texts")
-        added = tuple(Memory(text=text, heard_at=heard_at, source=source) for text in texts if heard_at)
         queued = tuple(outbox)
         if not added and not queued and taken <= 0:
             return
 
         def change(f: MemoryFile) -> MemoryFile:
-            memories = (*f.memories, *added)
+            memories = apply_kept(f.memories, added, heard_at=heard_at, source=source) if heard_at else f.memories
             if len(memories) > self.limit:
                 log.info("memory_forgotten", npc=npc_id, count=len(memories) - self.limit, reason="limit")
                 memories = memories[-self.limit :]
