@@ -3,11 +3,38 @@
 from __future__ import annotations
 
 import sys
+from datetime import tzinfo
 
-from bridge.memory.keeper import forget_by_number, show_lines
+from bridge.memory.models import MemoryFile
 from bridge.memory.store import MemoryStore
 from bridge.npc.characters import load_roster
 from bridge.settings import Settings
+
+
+def show_lines(memory: MemoryFile, zone: tzinfo | None) -> list[str]:
+    """What `npc-bridge memory show <npc>` prints: memories numbered from 1, then pending lines."""
+    lines = [f"{memory.npc_id}: {len(memory.memories)} memories"]
+    for number, item in enumerate(memory.memories, start=1):
+        local = item.heard_at.astimezone(zone)
+        lines.append(f"{number:>3}. ({local:%Y-%m-%d %H:%M}) {item.text}  [{item.source}]")
+    if memory.outbox:
+        lines.append(f"waiting for the shared memory service: {len(memory.outbox)}")
+        for waiting in memory.outbox:
+            lines.append(f"     ({waiting.created_at.astimezone(zone):%Y-%m-%d %H:%M}) {waiting.text}")
+    lines.append(f"pending conversation: {len(memory.pending)} lines")
+    for line in memory.pending:
+        when = f"{line.at.astimezone(zone):%Y-%m-%d %H:%M}"
+        if line.is_event:
+            lines.append(f"     ({when}) npc (event): {line.npc}")
+        else:
+            lines.append(f"     ({when}) player: {line.player}")
+            lines.append(f"     {'':18} npc: {line.npc}")
+    return lines
+
+
+async def forget_by_number(store: MemoryStore, npc_id: str, number: int | None) -> int:
+    """`npc-bridge memory forget <npc> [N]`: forget memory N as `show_lines` numbers it, or all."""
+    return await store.forget(npc_id, None if number is None else number - 1)
 
 
 def _known(settings: Settings, npc_id: str, store: MemoryStore) -> bool:

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from bridge.llm.gate import LLMGate, Priority
 from bridge.llm.ollama import OllamaBackend
-from bridge.memory.keeper import forget_by_number, show_lines
+from bridge.memory.cli import forget_by_number, show_lines
 from bridge.memory.models import Memory, MemoryFile, PendingLine
 from bridge.memory.store import MemoryStore, render
 from tests.fakes.llm_servers import Answer, Error, FakeOllama
