@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
         "chat", help="talk to one character in the terminal through the daemon's prompt, backend, cleaning and memory"
     )
     chat.add_argument("npc_id", help="a character id, e.g. cafe-minori")
+    chat.add_argument(
+        "--explain", action="store_true", help="before each reply, show the memories in its prompt and why"
+    )
     memory = commands.add_parser("memory", help="inspect or forget what an NPC remembers")
     memory_commands = memory.add_subparsers(dest="memory_command", metavar="ACTION", required=True)
     show = memory_commands.add_parser("show", help="print memories with their dates and the pending conversation")
@@ -70,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "chat":
             from bridge.chat import run_chat
 
-            return asyncio.run(run_chat(settings, args.npc_id))
+            return asyncio.run(run_chat(settings, args.npc_id, explain=args.explain))
         if command == "memory":
             from bridge.memory.cli import forget_memory, show_memory
 

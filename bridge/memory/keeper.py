@@ -28,7 +28,7 @@ import contextlib
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -39,13 +39,13 @@ from bridge.errors import LLMError, MemoryStoreError
 from bridge.llm.base import LLMBackend
 from bridge.llm.gate import LLMGate, Priority
 from bridge.memory.active import IDLE_SECONDS, ActiveTable
-from bridge.memory.checks import MemoryRules, check_candidates
+from bridge.memory.checks import Kept, MemoryRules, decide
 from bridge.memory.extractor import EXTRACTION_DEADLINE_SECONDS, extract, extraction_instructions
 from bridge.memory.models import SOURCE_EXTRACTION, SOURCE_INLINE, OutboxItem, PendingLine
+from bridge.memory.recall import Recalled, recall
 from bridge.memory.shared import RECALL_LIMIT, SHARED_SOURCE, OutboxCourier, SharedMemoryClient
 from bridge.memory.store import MemoryStore
 from bridge.npc.characters import Roster
-from bridge.npc.prompt import format_memory_line
 from bridge.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -212,8 +212,12 @@ class MemoryKeeper:
 
     # --- recall --------------------------------------------------------------------------------
 
-    async def recall(self, npc_id: str, *, query: str) -> list[str]:
-        """Memory lines for the reply prompt, `- (M/D) text`; [] when there are none or on failure."""
+    async def recall(self, npc_id: str, *, query: str, previous: str | None = None) -> list[Recalled]:
+        """Memories for the reply prompt, oldest first, dated in the configured zone; [] on failure.
+
+        `query`: the player's line; `previous`: their line before it in this session, if any. A file
+        NPC's memories are chosen by `recall.recall`; a shared NPC's by the service (all "relevant").
+        """
         if self._settings.memory_recall <= 0:
             return []
         shared = self._shared_for(npc_id)
@@ -225,16 +229,28 @@ class MemoryKeeper:
                 log.warning("shared_memory_recall_failed", npc=npc_id, error=type(exc).__name__)
                 return []
             return [
-                format_memory_line(item.text, _parse_time(item.created_at), self._zone)
+                Recalled(text=item.text, heard_at=self._local(_parse_time(item.created_at)), why="relevant")
                 for item in found
                 if item.text.strip()
             ]
         try:
-            recent = await self._store.recent(npc_id, self._settings.memory_recall)
+            memories = await self._store.memories(npc_id)
         except MemoryStoreError as exc:
             log.error("memory_recall_failed", npc=npc_id, error=str(exc))
             return []
-        return [format_memory_line(item.text, item.heard_at, self._zone) for item in recent]
+        character = self._roster.get(npc_id)
+        chosen = recall(
+            memories,
+            [query] if previous is None else [query, previous],
+            limit=self._settings.memory_recall,
+            recent=self._settings.memory_recall_recent,
+            subject=self._settings.memory_subject,
+            language=character.speech.language if character else "ja",
+        )
+        return [replace(item, heard_at=self._local(item.heard_at)) for item in chosen]
+
+    def _local(self, moment: datetime | None) -> datetime | None:
+        return None if moment is None else moment.astimezone(self._zone)
 
     # --- keeping -------------------------------------------------------------------------------
 
@@ -246,27 +262,35 @@ class MemoryKeeper:
         self, npc_id: str, candidates: list[object], *, heard_at: datetime, source: str, taken: int
     ) -> list[str]:
         """Check the candidates, then store those that passed and clear the `taken` pending lines in
-        one write; returns the texts kept."""
+        one write; returns the texts kept (refreshes and replacements included)."""
         async with self._state(npc_id).keeping:
             current = await self._store.load(npc_id)
             known = [item.text for item in current.memories] + [item.text for item in current.outbox]
-            texts, rejections = check_candidates(candidates, kept=known, rules=self._rules)
+            shared = self._shared_for(npc_id) is not None
+            # Said again (refresh, replace) changes the memory file; a shared NPC's memories live in
+            # the service, so there a match with what it knows stays a duplicate.
+            kept, rejections = decide(candidates, stored=known, rules=self._rules, said_again=not shared)
             for rejection in rejections:
                 log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **self._content(rejection.text))
-            shared = self._shared_for(npc_id) is not None
             if shared:
-                items = [OutboxItem(text=text, created_at=heard_at, source=SHARED_SOURCE) for text in texts]
+                items = [OutboxItem(text=item.text, created_at=heard_at, source=SHARED_SOURCE) for item in kept]
                 await self._store.record_extraction(npc_id, taken=taken, outbox=items)
                 if items and self._courier is not None and self._running:
                     self._courier.ensure(npc_id)
             else:
-                await self._store.record_extraction(
-                    npc_id, taken=taken, texts=texts, heard_at=heard_at, source=source
-                )
-        for text in texts:
-            backend = "shared" if shared else "file"
-            log.info("memory_kept", npc=npc_id, source=source, backend=backend, **self._content(text))
-        return texts
+                await self._store.record_extraction(npc_id, taken=taken, kept=kept, heard_at=heard_at, source=source)
+        for item in kept:
+            self._log_kept(npc_id, item, source=source, backend="shared" if shared else "file")
+        return [item.text for item in kept]
+
+    def _log_kept(self, npc_id: str, item: Kept, *, source: str, backend: str) -> None:
+        if item.refreshes is not None:
+            log.info("memory_refreshed", npc=npc_id, source=source, **self._content(item.refreshes))
+        for old in item.replaces:
+            both = {"text": item.text, "replaced": old} if self._settings.log_content else {}
+            log.info("memory_replaced", npc=npc_id, source=source, **both)
+        if item.refreshes is None and not item.replaces:
+            log.info("memory_kept", npc=npc_id, source=source, backend=backend, **self._content(item.text))
 
     def _shared_for(self, npc_id: str) -> SharedMemoryClient | None:
         """The shared service when this NPC uses one; None: its local memory file."""

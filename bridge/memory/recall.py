@@ -65,10 +65,14 @@ class Recalled:
     matched: tuple[str, ...] = ()  # the query's terms this memory holds, highest weight first
 
 
-def counts(recalled: Sequence[Recalled]) -> tuple[int, int]:
-    """(recent, relevant): how many were chosen for each reason."""
+def recall_fields(recalled: Sequence[Recalled], *, log_content: bool) -> dict[str, object]:
+    """What a reply's log line says of its memories: how many were recalled for each reason, and
+    with content logging on, their texts."""
     relevant = sum(1 for item in recalled if item.why == "relevant")
-    return len(recalled) - relevant, relevant
+    fields: dict[str, object] = {"recalled_recent": len(recalled) - relevant, "recalled_relevant": relevant}
+    if log_content:
+        fields["recalled"] = [item.text for item in recalled]
+    return fields
 
 
 # ---- terms ------------------------------------------------------------------------------------------
