@@ -46,7 +46,7 @@ def _known(settings: Settings, npc_id: str, store: MemoryStore) -> bool:
 
 
 async def show_memory(settings: Settings, npc_id: str) -> int:
-    store = MemoryStore(settings.memory_dir, limit=settings.memory_limit)
+    store = MemoryStore(settings.memory_dir, limit=settings.memory_limit, keep_unwritten=False)
     if not _known(settings, npc_id, store):
         return 1
     for line in show_lines(await store.load(npc_id), settings.zone()):
@@ -55,7 +55,7 @@ async def show_memory(settings: Settings, npc_id: str) -> int:
 
 
 async def forget_memory(settings: Settings, npc_id: str, number: int | None) -> int:
-    store = MemoryStore(settings.memory_dir, limit=settings.memory_limit)
+    store = MemoryStore(settings.memory_dir, limit=settings.memory_limit, keep_unwritten=False)
     if not _known(settings, npc_id, store):
         return 1
     count = len(await store.memories(npc_id))

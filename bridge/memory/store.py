@@ -1,9 +1,28 @@
-"""Per-NPC memory files on disk: cached, one writer per NPC, atomic writes (memory.md "The file").
+"""Per-NPC memory files on disk: kept in RAM while in use, one writer per NPC, atomic writes, and
+nothing lost to a failing disk (memory.md "The file").
 
-Every change runs as a tracked task shielded from its caller's cancellation: a reply cancelled at
-shutdown never leaves a change half applied, and `flush()` waits for the ones still in flight.
-A write goes to a temporary file in the same folder, is flushed and fsynced, renamed over the file,
-and the folder is fsynced, so the file on disk is always either the old or the new valid JSON.
+A change applies at once to the NPC's memory in RAM (what every read sees: reads never wait for a
+write), then its writer task writes the whole file: to a temporary file in the same folder, flushed
+and fsynced, renamed over the file, and the folder fsynced, so the file on disk is always either the
+old or the new valid JSON, and a failed write removes its temporary file. Changes made while a write
+is in flight are written together by the next one. The caller of a change waits until it is on disk;
+a caller cancelled at shutdown stops waiting, but the write goes on, and `flush()` waits for it.
+
+When the disk refuses a write (full: ENOSPC, read-only: EROFS, not writable: EACCES, any OSError):
+the change stays in RAM, callers go on (a reply is never held up by the disk), and the NPC's writer
+tries again with backoff (capped at `DISK_RETRY_CAP_SECONDS`), at once when another NPC's write has
+gone through. Each file is rewritten whole, so once the disk takes writes again it holds every
+change, in the order made. One warning a minute while writes fail (`memory_write_failed`, with how
+many NPCs wait), one line when they go through again (`memory_write_recovered`), and a temporary file
+a failure could not remove is removed then. A store made with `keep_unwritten=False` (the
+`memory` commands, whose process ends at once) raises `MemoryStoreError` instead and goes back to
+what is on disk.
+
+Files are read with aiofiles (once per NPC while it is active). Writes take one thread hop
+(`asyncio.to_thread`) for the open, write, fsync, rename and folder fsync together: aiofiles would
+make each of those its own hop, each a wake-up of the event loop that replies in flight wait behind.
+A memory file not used for `bridge.memory.active.IDLE_SECONDS` (and wholly on disk) is let go from
+RAM and read again when next needed.
 """
 
 from __future__ import annotations
@@ -12,8 +31,10 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,15 +43,22 @@ import aiofiles.os
 import structlog
 from pydantic import ValidationError
 
+from bridge.backoff import Backoff
 from bridge.errors import MemoryStoreError
+from bridge.memory.active import IDLE_SECONDS, ActiveTable
 from bridge.memory.checks import Kept, apply_kept
-from bridge.memory.models import NPC_ID_PATTERN, Memory, MemoryFile, OutboxItem, PendingLine
+from bridge.memory.faults import DiskFaults
+from bridge.memory.models import NPC_ID_PATTERN, Memory, MemoryFile, OutboxItem, PendingLine, render
 
 log = structlog.get_logger(__name__)
+
+__all__ = ["MemoryStore", "render"]
 
 FILE_SUFFIX = ".json"
 TEMP_MARKER = ".tmp-"
 CORRUPT_MARKER = ".corrupt-"
+DISK_RETRY_BASE_SECONDS = 1.0
+DISK_RETRY_CAP_SECONDS = 30.0
 
 Change = Callable[[MemoryFile], MemoryFile]
 
@@ -41,38 +69,12 @@ def _check_id(npc_id: str) -> None:
         raise MemoryStoreError(f"not a valid npc id for a memory file: {npc_id!r}")
 
 
-def render(content: MemoryFile) -> str:
-    """The file's text: one key a line, and one list item (a memory, a pending line) a line.
+def _write_atomically(path: Path, text: str, strays: list[Path]) -> None:
+    """Temp file, fsync, rename over, fsync the folder: the file is whole, old or new, after a crash.
 
-    As readable as `indent=2` for a person who opens the file, and cheap to rewrite: each item's line
-    is serialised once and kept with it (`json.dumps(..., indent=2)` of the whole file ran the
-    pure-Python encoder, ~1.7 ms of the event loop per write with a full pending conversation).
-    `outbox` is written only while it holds something.
+    A temporary file that cannot be removed after a failure (the folder went read-only meanwhile) is
+    added to `strays`, for removal after the next write that goes through.
     """
-    fields: list[tuple[str, str | tuple[str, ...]]] = [
-        ("version", json.dumps(content.version)),
-        ("npc_id", json.dumps(content.npc_id, ensure_ascii=False)),
-        ("memories", tuple(item.json_line for item in content.memories)),
-        ("pending", tuple(item.json_line for item in content.pending)),
-    ]
-    if content.outbox:
-        fields.append(("outbox", tuple(item.json_line for item in content.outbox)))
-    lines = ["{"]
-    for number, (key, value) in enumerate(fields):
-        comma = "," if number < len(fields) - 1 else ""
-        if isinstance(value, str):
-            lines.append(f'  "{key}": {value}{comma}')
-        elif value:
-            items = ",\n".join(f"    {item}" for item in value)
-            lines.append(f'  "{key}": [\n{items}\n  ]{comma}')
-        else:
-            lines.append(f'  "{key}": []{comma}')
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Temp file, fsync, rename over, fsync the folder: the file is whole, old or new, after a crash."""
     temp = path.with_name(f".{path.name}{TEMP_MARKER}{uuid.uuid4().hex}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,8 +85,12 @@ def _write_atomically(path: Path, text: str) -> None:
         os.replace(temp, path)
         _fsync_dir(path.parent)
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.remove(temp)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            strays.append(temp)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -95,62 +101,115 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _remove(paths: list[Path]) -> None:
+    for stray in paths:
+        with contextlib.suppress(OSError):
+            stray.unlink(missing_ok=True)
+
+
+@dataclass(eq=False)
+class _NpcFile:
+    """One NPC's memory in RAM, and how much of it is on disk."""
+
+    content: MemoryFile  # every change applied: what reads see
+    on_disk: MemoryFile  # as last written
+    version: int = 0  # changes applied
+    written: int = 0  # changes on disk
+    failing: bool = False  # its last write failed: it waits for a retry
+    writer: asyncio.Task[None] | None = None
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+
+    def busy(self) -> bool:
+        """Changes not on disk yet: never let go."""
+        return self.written < self.version or (self.writer is not None and not self.writer.done())
+
+    def give_up(self, error: Exception) -> None:
+        """Back to what is on disk; every caller waiting gets `error`."""
+        self.content, self.version, self.failing = self.on_disk, self.written, False
+        self.release(None, error)
+
+    def release(self, upto: int | None, error: Exception | None = None) -> None:
+        """Wake the callers whose change is on disk (`upto`), or all of them (None: it failed)."""
+        still = []
+        for version, waiter in self.waiters:
+            if upto is not None and version > upto:
+                still.append((version, waiter))
+            elif not waiter.done():  # a cancelled caller's future is already done
+                waiter.set_result(None) if error is None else waiter.set_exception(error)
+        self.waiters = still
+
+
 class MemoryStore:
     """Memory files of all NPCs under one folder; `limit` memories at most per NPC (oldest forgotten)."""
 
-    def __init__(self, directory: Path, *, limit: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        limit: int,
+        keep_unwritten: bool = True,
+        idle_seconds: float = IDLE_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+        retry_base_seconds: float = DISK_RETRY_BASE_SECONDS,
+    ) -> None:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         self.directory = directory
         self.limit = limit
-        self._cache: dict[str, MemoryFile] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._changes: set[asyncio.Task[MemoryFile]] = set()
+        self._keep_unwritten = keep_unwritten
+        self._retry_base = retry_base_seconds
+        self._files: ActiveTable[_NpcFile] = ActiveTable(_NpcFile.busy, idle_seconds=idle_seconds, clock=monotonic)
+        self._loading: dict[str, asyncio.Task[MemoryFile]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # writers, and changes waiting for their file
+        self._disk = DiskFaults(monotonic)
+        self._strays: list[Path] = []  # temporary files a failed write could not remove
 
     def path(self, npc_id: str) -> Path:
         _check_id(npc_id)
         return self.directory / f"{npc_id}{FILE_SUFFIX}"
 
-    def _lock(self, npc_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(npc_id, asyncio.Lock())
+    def in_memory(self) -> list[str]:
+        """Ids of the NPCs whose memory is held in RAM now."""
+        return list(self._files)
 
     # --- reading -------------------------------------------------------------------------------
 
     async def load(self, npc_id: str) -> MemoryFile:
-        """The NPC's whole memory file (empty when there is none yet), as last written.
+        """The NPC's whole memory (empty when there is none yet), every change made so far included."""
+        return (await self._state(npc_id)).content
 
-        Reads never wait for a write in flight (an fsync takes ~12 ms): they see the file as it was
-        before it, and the cache takes the new content only once it is on disk. Recall sits on the
-        reply path; it must not queue behind the previous reply's note.
-        """
-        cached = self._cache.get(npc_id)
-        if cached is not None:
-            return cached
-        async with self._lock(npc_id):
-            return await self._loaded(npc_id)
+    async def _state(self, npc_id: str) -> _NpcFile:
+        state = self._files.find(npc_id)
+        if state is not None:
+            return state
+        _check_id(npc_id)
+        task = self._loading.get(npc_id)
+        if task is None:
+            task = self._loading[npc_id] = asyncio.create_task(self._read(npc_id), name=f"memory-read-{npc_id}")
+        try:
+            # Shielded: one caller cancelled must not cancel the read the others wait for.
+            content = await asyncio.shield(task)
+        finally:
+            if task.done() and self._loading.get(npc_id) is task:
+                del self._loading[npc_id]
+        return self._files.find(npc_id) or self._files.add(npc_id, _NpcFile(content, content))
 
-    async def _loaded(self, npc_id: str) -> MemoryFile:
-        """Cached file; read on first use. Caller holds the NPC's lock."""
-        cached = self._cache.get(npc_id)
-        if cached is not None:
-            return cached
+    async def _read(self, npc_id: str) -> MemoryFile:
         path = self.path(npc_id)
         try:
             async with aiofiles.open(path, encoding="utf-8") as handle:
                 raw = await handle.read()
         except FileNotFoundError:
-            loaded = MemoryFile.empty(npc_id)
+            return MemoryFile.empty(npc_id)
         except (OSError, UnicodeDecodeError) as exc:
-            loaded = await self._set_aside(npc_id, path, exc)
-        else:
-            try:
-                loaded = MemoryFile.model_validate(json.loads(raw))
-            except (ValueError, ValidationError) as exc:
-                loaded = await self._set_aside(npc_id, path, exc)
-            if loaded.npc_id != npc_id:
-                log.warning("memory_file_npc_id_mismatch", path=str(path), npc_id=loaded.npc_id)
-                loaded = loaded.model_copy(update={"npc_id": npc_id})
-        self._cache[npc_id] = loaded
+            return await self._set_aside(npc_id, path, exc)
+        try:
+            loaded = MemoryFile.model_validate(json.loads(raw))
+        except (ValueError, ValidationError) as exc:
+            return await self._set_aside(npc_id, path, exc)
+        if loaded.npc_id != npc_id:
+            log.warning("memory_file_npc_id_mismatch", path=str(path), npc_id=loaded.npc_id)
+            loaded = loaded.model_copy(update={"npc_id": npc_id})
         return loaded
 
     async def _set_aside(self, npc_id: str, path: Path, error: Exception) -> MemoryFile:
@@ -215,7 +274,7 @@ class MemoryStore:
     # --- changing ------------------------------------------------------------------------------
 
     async def append_pending(self, npc_id: str, entry: PendingLine) -> None:
-        """Note one exchange; on disk when this returns."""
+        """Note one exchange; on disk when this returns (while the disk takes writes)."""
         await self._change(npc_id, lambda f: f.model_copy(update={"pending": (*f.pending, entry)}))
 
     async def clear_pending(self, npc_id: str, count: int) -> None:
@@ -278,17 +337,10 @@ class MemoryStore:
         def change(f: MemoryFile) -> MemoryFile:
             if index is None:
                 return f.model_copy(update={"memories": ()})
-            if index >= len(f.memories):  # shortened meanwhile by the limit: nothing left to forget
-                return f
             return f.model_copy(update={"memories": (*f.memories[:index], *f.memories[index + 1 :])})
 
         await self._change(npc_id, change)
         return forgotten
-
-    async def add_outbox(self, npc_id: str, items: Iterable[OutboxItem]) -> None:
-        queued = tuple(items)
-        if queued:
-            await self._change(npc_id, lambda f: f.model_copy(update={"outbox": (*f.outbox, *queued)}))
 
     async def remove_outbox(self, npc_id: str, count: int) -> None:
         """Drop the first `count` outbox items (those the shared service took)."""
@@ -296,39 +348,73 @@ class MemoryStore:
             await self._change(npc_id, lambda f: f.model_copy(update={"outbox": f.outbox[count:]}))
 
     async def flush(self, timeout_seconds: float) -> bool:
-        """Wait (at most `timeout_seconds`) for changes in flight; True when none is left."""
-        pending = {task for task in self._changes if not task.done()}
-        if not pending:
-            return True
-        _, still = await asyncio.wait(pending, timeout=timeout_seconds)
-        if still:
-            log.error("memory_flush_timeout", unfinished=len(still))
-        return not still
+        """Wait (at most `timeout_seconds`) for writes in flight or waiting for the disk; True when
+        every change is on disk."""
+        pending = {task for task in self._tasks if not task.done()}
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_seconds)
+        unwritten = self._unwritten()
+        if unwritten:
+            log.error("memory_flush_timeout", unfinished=len(unwritten), npc_ids=unwritten[:20])
+        return not unwritten
 
-    async def _change(self, npc_id: str, change: Change) -> MemoryFile:
-        _check_id(npc_id)
-        task = asyncio.create_task(self._apply(npc_id, change), name=f"memory-write-{npc_id}")
-        self._changes.add(task)
-        task.add_done_callback(self._changes.discard)
-        # Shielded: a cancelled caller stops waiting, but the change still completes as one piece.
-        return await asyncio.shield(task)
+    # --- writing -------------------------------------------------------------------------------
 
-    async def _apply(self, npc_id: str, change: Change) -> MemoryFile:
-        async with self._lock(npc_id):
-            updated = change(await self._loaded(npc_id))
-            await self._write(npc_id, updated)
-            # The cache follows the disk: a failed write leaves both as they were.
-            self._cache[npc_id] = updated
-            return updated
+    async def _change(self, npc_id: str, change: Change) -> None:
+        if self._files.peek(npc_id) is not None:
+            await self._apply(npc_id, change)
+            return
+        # The file is read first: in a task of its own, shielded, so that a caller cancelled while
+        # it is read still makes its change (and `flush` waits for it).
+        task = asyncio.create_task(self._apply(npc_id, change), name=f"memory-change-{npc_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(task)
 
-    async def _write(self, npc_id: str, content: MemoryFile) -> None:
+    async def _apply(self, npc_id: str, change: Change) -> None:
+        state = await self._state(npc_id)
+        # Applied now, with no await before it: changes keep their order, and reads see them at once.
+        state.content = change(state.content)
+        state.version += 1
+        if state.writer is None or state.writer.done():
+            state.writer = asyncio.create_task(self._writer(npc_id, state), name=f"memory-write-{npc_id}")
+            self._tasks.add(state.writer)
+            state.writer.add_done_callback(self._tasks.discard)
+        if state.failing:
+            return  # the disk refused its last write: the change waits in RAM with the others
+        waiter = asyncio.get_running_loop().create_future()
+        state.waiters.append((state.version, waiter))
+        await waiter
+
+    async def _writer(self, npc_id: str, state: _NpcFile) -> None:
+        """Write the NPC's file until every change is on disk; on a failing disk, retry with backoff."""
+        backoff = Backoff(base_seconds=self._retry_base, cap_seconds=DISK_RETRY_CAP_SECONDS)
         path = self.path(npc_id)
-        # Rendered here, on the event loop: the C encoder holds the GIL, so in a thread it would stall
-        # the loop just as long, and up to a switch interval longer.
-        text = render(content)
-        try:
-            # The file work in one thread hop, not one per call as aiofiles does (about 8 hops of ~0.1 ms,
-            # each a wake-up of the event loop that replies in flight wait behind).
-            await asyncio.to_thread(_write_atomically, path, text)
-        except OSError as exc:
-            raise MemoryStoreError(f"cannot write memory file {path}: {exc}") from exc
+        while state.written < state.version:
+            version, content = state.version, state.content
+            try:
+                # Rendered here, on the event loop: the C encoder holds the GIL, so in a thread it
+                # would stall the loop just as long, and up to a switch interval longer.
+                await asyncio.to_thread(_write_atomically, path, render(content), self._strays)
+            except OSError as exc:
+                if not self._keep_unwritten:
+                    state.give_up(MemoryStoreError(f"cannot write memory file {path}: {exc}"))
+                    return
+                state.failing = True
+                self._disk.failed(path, exc, self._unwritten)
+                state.release(None)  # the callers go on; their changes wait here
+                await self._disk.wait(backoff.next_delay())
+                continue
+            except Exception as exc:  # a bug, not the disk: never retried in a loop
+                log.exception("memory_write_crashed", npc=npc_id)
+                state.give_up(MemoryStoreError(f"cannot write memory file {path}: {type(exc).__name__}"))
+                return
+            state.on_disk, state.written, state.failing = content, version, False
+            state.release(version)
+            self._disk.succeeded()
+            if self._strays:
+                strays, self._strays = self._strays, []
+                await asyncio.to_thread(_remove, strays)
+
+    def _unwritten(self) -> list[str]:
+        return [npc_id for npc_id in self._files if (s := self._files.peek(npc_id)) and s.written < s.version]

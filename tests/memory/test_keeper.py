@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -236,9 +237,21 @@ async def test_replies_go_before_an_extraction(tmp_path: Path, ollama: FakeOllam
         await ollama.wait_for_requests(1)
 
 
+@pytest.mark.parametrize("fsync_delay", [0.0, 0.05], ids=["disk", "slow-disk"])
 async def test_memories_told_to_one_npc_never_reach_another(
-    tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend
+    tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend, monkeypatch: pytest.MonkeyPatch, fsync_delay: float
 ) -> None:
+    # With a slow folder fsync the file is on disk well before the write returns: what is seen on
+    # disk must already be what recall gives (it once read a store that took a change only after).
+    import bridge.memory.store as store_module
+
+    real_fsync_dir = store_module._fsync_dir
+
+    def slow_fsync_dir(directory: Path) -> None:
+        real_fsync_dir(directory)
+        time.sleep(fsync_delay)
+
+    monkeypatch.setattr(store_module, "_fsync_dir", slow_fsync_dir)
     ollama.script(TEA)
     async with running(make_keeper(tmp_path, backend)) as keeper:
         await keeper.note_exchange("cafe-minori", player="ここの紅茶がすきなんだよ", npc="はい。", at=AT)
