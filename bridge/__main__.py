@@ -76,10 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(run_chat(settings, args.npc_id, explain=args.explain))
         if command == "memory":
             from bridge.memory.cli import forget_memory, show_memory
+            from bridge.npc.characters import load_roster
 
+            characters = load_roster(settings.characters_dir).characters
             if args.memory_command == "show":
-                return asyncio.run(show_memory(settings, args.npc_id))
-            return asyncio.run(forget_memory(settings, args.npc_id, None if args.all else args.number))
+                return asyncio.run(show_memory(settings, args.npc_id, characters))
+            return asyncio.run(forget_memory(settings, args.npc_id, None if args.all else args.number, characters))
     except ConfigError as exc:
         return _config_error(str(exc))
     except KeyboardInterrupt:

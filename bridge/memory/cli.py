@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from datetime import tzinfo
 
 from bridge.memory.models import MemoryFile
 from bridge.memory.store import MemoryStore
-from bridge.npc.characters import load_roster
 from bridge.settings import Settings
 
 
@@ -37,26 +37,26 @@ async def forget_by_number(store: MemoryStore, npc_id: str, number: int | None) 
     return await store.forget(npc_id, None if number is None else number - 1)
 
 
-def _known(settings: Settings, npc_id: str, store: MemoryStore) -> bool:
-    roster = load_roster(settings.characters_dir)
-    if roster.get(npc_id) is None and npc_id not in store.npc_ids_on_disk():
+def _known(npc_id: str, store: MemoryStore, characters: Collection[str]) -> bool:
+    if npc_id not in characters and npc_id not in store.npc_ids_on_disk():
         print(f"npc-bridge: no character or memory file {npc_id!r}", file=sys.stderr)
         return False
     return True
 
 
-async def show_memory(settings: Settings, npc_id: str) -> int:
+async def show_memory(settings: Settings, npc_id: str, characters: Collection[str]) -> int:
+    """`characters`: the ids of the characters folder (an NPC may have no file yet)."""
     store = MemoryStore(settings.memory_dir, limit=settings.memory_limit, keep_unwritten=False)
-    if not _known(settings, npc_id, store):
+    if not _known(npc_id, store, characters):
         return 1
     for line in show_lines(await store.load(npc_id), settings.zone()):
         print(line)
     return 0
 
 
-async def forget_memory(settings: Settings, npc_id: str, number: int | None) -> int:
+async def forget_memory(settings: Settings, npc_id: str, number: int | None, characters: Collection[str]) -> int:
     store = MemoryStore(settings.memory_dir, limit=settings.memory_limit, keep_unwritten=False)
-    if not _known(settings, npc_id, store):
+    if not _known(npc_id, store, characters):
         return 1
     count = len(await store.memories(npc_id))
     if number is not None and not 1 <= number <= count:

@@ -28,7 +28,7 @@ import contextlib
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -39,13 +39,13 @@ from bridge.errors import LLMError, MemoryStoreError
 from bridge.llm.base import LLMBackend
 from bridge.llm.gate import LLMGate, Priority
 from bridge.memory.active import IDLE_SECONDS, ActiveTable
+from bridge.memory.character import Characters
 from bridge.memory.checks import Kept, MemoryRules, decide
 from bridge.memory.extractor import EXTRACTION_DEADLINE_SECONDS, extract, extraction_instructions
 from bridge.memory.models import SOURCE_EXTRACTION, SOURCE_INLINE, OutboxItem, PendingLine
-from bridge.memory.recall import Recalled, recall
+from bridge.memory.recall import Recalled, in_zone, recall
 from bridge.memory.shared import RECALL_LIMIT, SHARED_SOURCE, OutboxCourier, SharedMemoryClient
 from bridge.memory.store import MemoryStore
-from bridge.npc.characters import Roster
 from bridge.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -101,7 +101,7 @@ class MemoryKeeper:
         store: MemoryStore,
         backend: LLMBackend,
         gate: LLMGate,
-        roster: Roster,
+        roster: Characters,
         settings: Settings,
         shared: SharedMemoryClient | None,
         clock: Callable[[], datetime] | None = None,
@@ -214,10 +214,8 @@ class MemoryKeeper:
 
     async def recall(self, npc_id: str, *, query: str, previous: str | None = None) -> list[Recalled]:
         """Memories for the reply prompt, oldest first, dated in the configured zone; [] on failure.
-
-        `query`: the player's line; `previous`: their line before it in this session, if any. A file
-        NPC's memories are chosen by `recall.recall`; a shared NPC's by the service (all "relevant").
-        """
+        `previous`: the player's line before `query` in this session. A shared NPC's come from the
+        service (each "relevant"), a file NPC's from `recall.recall`."""
         if self._settings.memory_recall <= 0:
             return []
         shared = self._shared_for(npc_id)
@@ -228,29 +226,19 @@ class MemoryKeeper:
             except (MemoryStoreError, TimeoutError) as exc:
                 log.warning("shared_memory_recall_failed", npc=npc_id, error=type(exc).__name__)
                 return []
-            return [
-                Recalled(text=item.text, heard_at=self._local(_parse_time(item.created_at)), why="relevant")
-                for item in found
-                if item.text.strip()
-            ]
+            items = [Recalled(item.text, _parse_time(item.created_at), "relevant") for item in found]
+            return [in_zone(item, self._zone) for item in items if item.text.strip()]
         try:
             memories = await self._store.memories(npc_id)
         except MemoryStoreError as exc:
             log.error("memory_recall_failed", npc=npc_id, error=str(exc))
             return []
-        character = self._roster.get(npc_id)
-        chosen = recall(
-            memories,
-            [query] if previous is None else [query, previous],
-            limit=self._settings.memory_recall,
-            recent=self._settings.memory_recall_recent,
-            subject=self._settings.memory_subject,
-            language=character.speech.language if character else "ja",
+        character, settings = self._roster.get(npc_id), self._settings
+        language = character.speech.language if character else "ja"
+        return recall(
+            memories, [query, previous or ""], limit=settings.memory_recall, recent=settings.memory_recall_recent,
+            subject=settings.memory_subject, language=language, zone=self._zone,
         )
-        return [replace(item, heard_at=self._local(item.heard_at)) for item in chosen]
-
-    def _local(self, moment: datetime | None) -> datetime | None:
-        return None if moment is None else moment.astimezone(self._zone)
 
     # --- keeping -------------------------------------------------------------------------------
 

@@ -36,8 +36,8 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, tzinfo
 from functools import lru_cache
 from typing import Literal
 
@@ -174,12 +174,13 @@ def recall(
     recent: int,
     subject: str,
     language: Language = "ja",
+    zone: tzinfo | None = None,
 ) -> list[Recalled]:
-    """The memories for one prompt, oldest first (module docstring).
+    """The memories for one prompt, oldest first (module docstring), dated in `zone` when given.
 
     `memories` in file order (oldest first); `query`: the player's line and, when there is one, their
-    previous line. `recent` is clamped to `limit` (NPC_BRIDGE_MEMORY_RECALL_RECENT larger than
-    NPC_BRIDGE_MEMORY_RECALL means "all of them recent").
+    previous line (empty texts are skipped). `recent` is clamped to `limit`
+    (NPC_BRIDGE_MEMORY_RECALL_RECENT larger than NPC_BRIDGE_MEMORY_RECALL means "all of them recent").
     """
     limit = max(0, limit)
     recent = min(max(0, recent), limit)
@@ -205,7 +206,14 @@ def recall(
             if number not in chosen:
                 chosen[number] = _item(memories[number], "recent")
     order = sorted(chosen, key=lambda number: (memories[number].heard_at, number))
-    return [chosen[number] for number in order]
+    return [in_zone(chosen[number], zone) for number in order]
+
+
+def in_zone(item: Recalled, zone: tzinfo | None) -> Recalled:
+    """`item` with its date as seen in `zone` (None: as it is): the prompt shows that date's M/D."""
+    if zone is None or item.heard_at is None:
+        return item
+    return replace(item, heard_at=item.heard_at.astimezone(zone))
 
 
 def _item(memory: Memory, why: Why, score: float = 0.0, matched: tuple[str, ...] = ()) -> Recalled:
