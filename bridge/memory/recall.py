@@ -48,7 +48,10 @@ Language = Literal["ja", "en"]
 
 K1 = 1.2  # how fast a repeated term stops adding (BM25's usual value)
 B = 0.75  # how much a long memory is discounted (BM25's usual value)
-INDEX_CACHE_SIZE = 256  # distinct memory lists kept indexed (one per NPC that talked lately)
+# Memory lists kept indexed (one per NPC that talked lately; ~60 KiB each for 60 memories) and texts
+# kept split into terms: bounded so that a cast of hundreds costs a few MiB, not one index each.
+INDEX_CACHE_SIZE = 32
+TERMS_CACHE_SIZE = INDEX_CACHE_SIZE * 64
 SEPARATOR = " "  # what the subject word is replaced by: a space ends a run like punctuation does
 # Anything but letters and digits (of any script; the long-vowel mark ー is a letter) ends a run.
 NOT_LETTERS = re.compile(r"[\W_]+")
@@ -61,7 +64,7 @@ class Recalled:
     text: str
     heard_at: datetime | None  # None: the date is unknown (a shared service's item without one)
     why: Why
-    score: float = 0.0  # the BM25 score against the query (0 for most recent ones)
+    score: float = 0.0  # the BM25 score against the query (0 for a recent one)
     matched: tuple[str, ...] = ()  # the query's terms this memory holds, highest weight first
 
 
@@ -90,7 +93,6 @@ def _word(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
 
 
-@lru_cache(maxsize=4096)
 def terms(text: str, subject: str, language: Language = "ja") -> tuple[str, ...]:
     """The terms of `text` (module docstring), in order, repeats kept."""
     subject = unicodedata.normalize("NFKC", subject).casefold().strip()
@@ -119,13 +121,12 @@ class _Index:
         return max(0.0, math.log((self.total - held + 0.5) / (held + 0.5))) if held else 0.0
 
 
-@lru_cache(maxsize=4096)
-def _term_counts(text: str, subject: str, language: Language) -> tuple[tuple[str, int], ...]:
-    return tuple(Counter(terms(text, subject, language)).items())
-
-
-def _length(text: str, subject: str, language: Language) -> int:
-    return len(terms(text, subject, language))
+@lru_cache(maxsize=TERMS_CACHE_SIZE)
+def _term_counts(text: str, subject: str, language: Language) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """A memory's length in terms and its distinct terms with their counts (cached: memories repeat,
+    player lines do not)."""
+    found = terms(text, subject, language)
+    return len(found), tuple(Counter(found).items())
 
 
 @lru_cache(maxsize=INDEX_CACHE_SIZE)
@@ -133,8 +134,8 @@ def _index(texts: tuple[str, ...], subject: str, language: Language) -> _Index:
     postings: dict[str, list[tuple[int, int]]] = {}
     lengths: list[int] = []
     for number, text in enumerate(texts):
-        found = _term_counts(text, subject, language)
-        lengths.append(_length(text, subject, language))
+        length, found = _term_counts(text, subject, language)
+        lengths.append(length)
         for term, count in found:
             postings.setdefault(term, []).append((number, count))
     average = (sum(lengths) / len(lengths)) if lengths else 0.0

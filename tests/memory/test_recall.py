@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bridge.llm.gate import LLMGate
+from bridge.llm.ollama import OllamaBackend
+from bridge.memory.keeper import MemoryKeeper
 from bridge.memory.models import Memory
 from bridge.memory.recall import Recalled, recall, recall_fields, scores, terms
+from bridge.memory.store import MemoryStore
+from bridge.npc.characters import Character, Roster
+from bridge.settings import Settings
 
 EXAMPLES = Path(__file__).with_name("recall.jsonl")  # the shared examples' recall.jsonl
 JST = timezone(timedelta(hours=9))
@@ -170,3 +176,29 @@ def test_the_reply_log_fields_count_each_reason_and_hold_texts_only_with_content
     assert recall_fields(recalled, log_content=False) == {"recalled_recent": 3, "recalled_relevant": 1}
     with_texts = recall_fields(recalled, log_content=True)
     assert with_texts["recalled"] == [item.text for item in recalled]
+
+
+async def test_the_keeper_recalls_by_words_for_an_english_character_and_dates_in_the_zone(tmp_path: Path) -> None:
+    shop = Character.model_validate(
+        {"id": "book-shop", "name": "Ann", "persona": "A bookseller.", "talk": "worker", "speech": {"language": "en"}}
+    )
+    store = MemoryStore(tmp_path, limit=60)
+    texts = ["User has a cat named Mochi", *[f"User likes the colour {c}" for c in ("red", "blue", "green", "pink")]]
+    for n, text in enumerate(texts):
+        await store.add_memories("book-shop", [text], datetime(2026, 9, 1 + n, 23, 30, tzinfo=UTC), "extraction")
+    keeper = MemoryKeeper(
+        store=store,
+        backend=OllamaBackend("http://127.0.0.1:9"),
+        gate=LLMGate(1),
+        roster=Roster({"book-shop": shop}),
+        settings=Settings(
+            memory_dir=tmp_path, memory_subject="User", memory_recall=2, memory_recall_recent=1, timezone="Asia/Tokyo"
+        ),
+        shared=None,
+    )
+    recalled = await keeper.recall("book-shop", query="The cats are asleep", previous="Hello")
+    assert [(item.text, item.why) for item in recalled] == [
+        ("User has a cat named Mochi", "relevant"),
+        ("User likes the colour pink", "recent"),
+    ]
+    assert recalled[0].heard_at is not None and (recalled[0].heard_at.month, recalled[0].heard_at.day) == (9, 2)
