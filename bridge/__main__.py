@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     which = forget.add_mutually_exclusive_group(required=True)
     which.add_argument("number", nargs="?", type=int, help="the memory's number as `memory show` prints it")
     which.add_argument("--all", action="store_true", help="forget every memory of this NPC")
+    which.add_argument("--pending", action="store_true", help="forget the pending conversation (not yet extracted)")
     return parser
 
 
@@ -76,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if args.memory_command == "show":
                 return asyncio.run(show_memory(settings, args.npc_id))
-            return asyncio.run(forget_memory(settings, args.npc_id, None if args.all else args.number))
+            number = None if args.all else args.number
+            return asyncio.run(forget_memory(settings, args.npc_id, number, pending=args.pending))
     except ConfigError as exc:
         return _config_error(str(exc))
     except KeyboardInterrupt:
