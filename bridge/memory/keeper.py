@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,7 +120,7 @@ class MemoryKeeper:
         self._shared = shared
         self._zone = settings.zone()
         self._clock = clock or (lambda: datetime.now(self._zone).astimezone(self._zone))
-        self._retry = (retry_base_seconds, retry_cap_seconds)
+        self._backoff = functools.partial(Backoff, base_seconds=retry_base_seconds, cap_seconds=retry_cap_seconds)
         self._extraction_deadline = extraction_deadline_seconds
         self._rules = MemoryRules.from_settings(
             settings, instructions=extraction_instructions(settings.memory_subject)
@@ -151,7 +152,8 @@ class MemoryKeeper:
                 if self._npcs.peek(npc_id) is None:
                     self._state(npc_id).deadline = loop.time()
             for npc_id in self._npcs:
-                self._ensure_extractor(npc_id)
+                if await self._store.pending(npc_id):  # noted before run(): its timer starts now
+                    self._ensure_extractor(npc_id)
             if self._courier is not None:
                 for npc_id in await self._store.npc_ids_with_outbox():
                     self._courier.ensure(npc_id)
@@ -171,9 +173,6 @@ class MemoryKeeper:
 
     def _state(self, npc_id: str) -> _NpcMemory:
         return self._npcs.find(npc_id) or self._npcs.add(npc_id, _NpcMemory())
-
-    def _backoff(self) -> Backoff:
-        return Backoff(base_seconds=self._retry[0], cap_seconds=self._retry[1])
 
     # --- noting --------------------------------------------------------------------------------
 
@@ -252,7 +251,7 @@ class MemoryKeeper:
             known = [item.text for item in current.memories] + [item.text for item in current.outbox]
             texts, rejections = check_candidates(candidates, kept=known, rules=self._rules)
             for rejection in rejections:
-                log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **self._content(rejection.text))
+                log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **_content(self._settings, rejection.text))
             shared = self._shared_for(npc_id) is not None
             if shared:
                 items = [OutboxItem(text=text, created_at=heard_at, source=SHARED_SOURCE) for text in texts]
@@ -265,7 +264,7 @@ class MemoryKeeper:
                 )
         for text in texts:
             backend = "shared" if shared else "file"
-            log.info("memory_kept", npc=npc_id, source=source, backend=backend, **self._content(text))
+            log.info("memory_kept", npc=npc_id, source=source, backend=backend, **_content(self._settings, text))
         return texts
 
     def _shared_for(self, npc_id: str) -> SharedMemoryClient | None:
@@ -284,9 +283,6 @@ class MemoryKeeper:
                 )
             return None
         return self._shared
-
-    def _content(self, text: object) -> dict[str, Any]:
-        return {"text": text} if self._settings.log_content else {}
 
     # --- the silence timer and the extraction ----------------------------------------------------
 
@@ -379,6 +375,10 @@ def _parse_time(value: str) -> datetime | None:
     except ValueError:
         return None
     return moment if moment.tzinfo is not None else None
+
+
+def _content(settings: Settings, text: object) -> dict[str, Any]:
+    return {"text": text} if settings.log_content else {}
 
 
 def _aware(moment: datetime) -> datetime:
