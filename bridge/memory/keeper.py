@@ -168,7 +168,7 @@ class MemoryKeeper:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def flush(self, timeout: float) -> None:  # noqa: ASYNC109 - the lead's staged-shutdown budget
-        """At shutdown: pending lines are already on disk; wait for writes still in flight."""
+        """At shutdown: wait for writes in flight, or waiting for a disk that refused them."""
         await self._store.flush(timeout)
 
     def _state(self, npc_id: str) -> _NpcMemory:
@@ -177,7 +177,8 @@ class MemoryKeeper:
     # --- noting --------------------------------------------------------------------------------
 
     async def note_exchange(self, npc_id: str, *, player: str, npc: str, at: datetime) -> None:
-        """Note a reply with the player line it answered; on disk when this returns."""
+        """Note a reply with the player line it answered; on disk when this returns (only in RAM,
+        written later, while the disk refuses writes)."""
         await self._note(npc_id, PendingLine(player=player, npc=npc, at=_aware(at)))
 
     async def note_event(self, npc_id: str, *, text: str, at: datetime) -> None:
