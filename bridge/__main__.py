@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     which = forget.add_mutually_exclusive_group(required=True)
     which.add_argument("number", nargs="?", type=int, help="the memory's number as `memory show` prints it")
     which.add_argument("--all", action="store_true", help="forget every memory of this NPC")
+    which.add_argument("--pending", action="store_true", help="forget the pending conversation (not yet extracted)")
     return parser
 
 
@@ -81,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             characters = load_roster(settings.characters_dir).characters
             if args.memory_command == "show":
                 return asyncio.run(show_memory(settings, args.npc_id, characters))
-            return asyncio.run(forget_memory(settings, args.npc_id, None if args.all else args.number, characters))
+            number = None if args.all else args.number
+            return asyncio.run(forget_memory(settings, args.npc_id, number, characters, pending=args.pending))
     except ConfigError as exc:
         return _config_error(str(exc))
     except KeyboardInterrupt:

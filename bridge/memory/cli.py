@@ -6,9 +6,12 @@ import sys
 from collections.abc import Collection
 from datetime import tzinfo
 
+from bridge.errors import MemoryStoreError
 from bridge.memory.models import MemoryFile
 from bridge.memory.store import MemoryStore
 from bridge.settings import Settings
+
+PENDING_MARK = "[pending]"  # each pending line starts with it, so it is never read as a memory
 
 
 def show_lines(memory: MemoryFile, zone: tzinfo | None) -> list[str]:
@@ -21,14 +24,17 @@ def show_lines(memory: MemoryFile, zone: tzinfo | None) -> list[str]:
         lines.append(f"waiting for the shared memory service: {len(memory.outbox)}")
         for waiting in memory.outbox:
             lines.append(f"     ({waiting.created_at.astimezone(zone):%Y-%m-%d %H:%M}) {waiting.text}")
-    lines.append(f"pending conversation: {len(memory.pending)} lines")
+    lines.append(
+        f"pending conversation: {len(memory.pending)} lines (said, not yet extracted into memories;"
+        f" `npc-bridge memory forget {memory.npc_id} --pending` clears them)"
+    )
     for line in memory.pending:
         when = f"{line.at.astimezone(zone):%Y-%m-%d %H:%M}"
         if line.is_event:
-            lines.append(f"     ({when}) npc (event): {line.npc}")
+            lines.append(f"  {PENDING_MARK} ({when}) npc (event): {line.npc}")
         else:
-            lines.append(f"     ({when}) player: {line.player}")
-            lines.append(f"     {'':18} npc: {line.npc}")
+            lines.append(f"  {PENDING_MARK} ({when}) player: {line.player}")
+            lines.append(f"  {'':{len(PENDING_MARK)}} {'':18} npc: {line.npc}")
     return lines
 
 
@@ -54,14 +60,26 @@ async def show_memory(settings: Settings, npc_id: str, characters: Collection[st
     return 0
 
 
-async def forget_memory(settings: Settings, npc_id: str, number: int | None, characters: Collection[str]) -> int:
+async def forget_memory(
+    settings: Settings, npc_id: str, number: int | None, characters: Collection[str], *, pending: bool = False
+) -> int:
+    """`memory forget <npc> N | --all | --pending`: one memory, every memory, or the pending conversation."""
     store = MemoryStore(settings.memory_dir, limit=settings.memory_limit, keep_unwritten=False)
     if not _known(npc_id, store, characters):
         return 1
-    count = len(await store.memories(npc_id))
-    if number is not None and not 1 <= number <= count:
-        print(f"npc-bridge: {npc_id} has no memory number {number} (it has {count})", file=sys.stderr)
+    try:
+        if pending:
+            lines = len(await store.pending(npc_id))
+            await store.clear_pending(npc_id, lines)
+            print(f"{npc_id}: forgot the pending conversation ({lines} {'line' if lines == 1 else 'lines'})")
+            return 0
+        count = len(await store.memories(npc_id))
+        if number is not None and not 1 <= number <= count:
+            print(f"npc-bridge: {npc_id} has no memory number {number} (it has {count})", file=sys.stderr)
+            return 1
+        forgotten = await forget_by_number(store, npc_id, number)
+    except MemoryStoreError as exc:  # e.g. a read-only or full disk: the file is left as it was
+        print(f"npc-bridge: {exc}", file=sys.stderr)
         return 1
-    forgotten = await forget_by_number(store, npc_id, number)
     print(f"{npc_id}: forgot {forgotten} {'memory' if forgotten == 1 else 'memories'}")
     return 0

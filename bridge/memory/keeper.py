@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,7 +120,7 @@ class MemoryKeeper:
         self._shared = shared
         self._zone = settings.zone()
         self._clock = clock or (lambda: datetime.now(self._zone).astimezone(self._zone))
-        self._retry = (retry_base_seconds, retry_cap_seconds)
+        self._backoff = functools.partial(Backoff, base_seconds=retry_base_seconds, cap_seconds=retry_cap_seconds)
         self._extraction_deadline = extraction_deadline_seconds
         self._rules = MemoryRules.from_settings(
             settings, instructions=extraction_instructions(settings.memory_subject)
@@ -151,7 +152,8 @@ class MemoryKeeper:
                 if self._npcs.peek(npc_id) is None:
                     self._state(npc_id).deadline = loop.time()
             for npc_id in self._npcs:
-                self._ensure_extractor(npc_id)
+                if await self._store.pending(npc_id):  # noted before run(): its timer starts now
+                    self._ensure_extractor(npc_id)
             if self._courier is not None:
                 for npc_id in await self._store.npc_ids_with_outbox():
                     self._courier.ensure(npc_id)
@@ -166,19 +168,17 @@ class MemoryKeeper:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def flush(self, timeout: float) -> None:  # noqa: ASYNC109 - the lead's staged-shutdown budget
-        """At shutdown: pending lines are already on disk; wait for writes still in flight."""
+        """At shutdown: wait for writes in flight, or waiting for a disk that refused them."""
         await self._store.flush(timeout)
 
     def _state(self, npc_id: str) -> _NpcMemory:
         return self._npcs.find(npc_id) or self._npcs.add(npc_id, _NpcMemory())
 
-    def _backoff(self) -> Backoff:
-        return Backoff(base_seconds=self._retry[0], cap_seconds=self._retry[1])
-
     # --- noting --------------------------------------------------------------------------------
 
     async def note_exchange(self, npc_id: str, *, player: str, npc: str, at: datetime) -> None:
-        """Note a reply with the player line it answered; on disk when this returns."""
+        """Note a reply with the player line it answered; on disk when this returns (only in RAM,
+        written later, while the disk refuses writes)."""
         await self._note(npc_id, PendingLine(player=player, npc=npc, at=_aware(at)))
 
     async def note_event(self, npc_id: str, *, text: str, at: datetime) -> None:
@@ -213,9 +213,8 @@ class MemoryKeeper:
     # --- recall --------------------------------------------------------------------------------
 
     async def recall(self, npc_id: str, *, query: str, previous: str | None = None) -> list[Recalled]:
-        """Memories for the reply prompt, oldest first, dated in the configured zone; [] on failure.
-        `previous`: the player's line before `query` in this session. A shared NPC's come from the
-        service (each "relevant"), a file NPC's from `recall.recall`."""
+        """Memories for the prompt (`recall.recall`; a shared NPC's: the service's, each "relevant"), oldest
+        first, dated in the configured zone; [] on failure. `previous`: the player's line before `query`."""
         if self._settings.memory_recall <= 0:
             return []
         shared = self._shared_for(npc_id)
@@ -259,7 +258,7 @@ class MemoryKeeper:
             # the service, so there a match with what it knows stays a duplicate.
             kept, rejections = decide(candidates, stored=known, rules=self._rules, said_again=not shared)
             for rejection in rejections:
-                log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **self._content(rejection.text))
+                log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **_content(self._settings, rejection.text))
             if shared:
                 items = [OutboxItem(text=item.text, created_at=heard_at, source=SHARED_SOURCE) for item in kept]
                 await self._store.record_extraction(npc_id, taken=taken, outbox=items)
@@ -268,17 +267,8 @@ class MemoryKeeper:
             else:
                 await self._store.record_extraction(npc_id, taken=taken, kept=kept, heard_at=heard_at, source=source)
         for item in kept:
-            self._log_kept(npc_id, item, source=source, backend="shared" if shared else "file")
+            _log_kept(self._settings, npc_id, item, source=source, backend="shared" if shared else "file")
         return [item.text for item in kept]
-
-    def _log_kept(self, npc_id: str, item: Kept, *, source: str, backend: str) -> None:
-        if item.refreshes is not None:
-            log.info("memory_refreshed", npc=npc_id, source=source, **self._content(item.refreshes))
-        for old in item.replaces:
-            both = {"text": item.text, "replaced": old} if self._settings.log_content else {}
-            log.info("memory_replaced", npc=npc_id, source=source, **both)
-        if item.refreshes is None and not item.replaces:
-            log.info("memory_kept", npc=npc_id, source=source, backend=backend, **self._content(item.text))
 
     def _shared_for(self, npc_id: str) -> SharedMemoryClient | None:
         """The shared service when this NPC uses one; None: its local memory file."""
@@ -296,9 +286,6 @@ class MemoryKeeper:
                 )
             return None
         return self._shared
-
-    def _content(self, text: object) -> dict[str, Any]:
-        return {"text": text} if self._settings.log_content else {}
 
     # --- the silence timer and the extraction ----------------------------------------------------
 
@@ -385,12 +372,26 @@ class MemoryKeeper:
         return _Outcome.DONE
 
 
+def _log_kept(settings: Settings, npc_id: str, item: Kept, *, source: str, backend: str) -> None:
+    if item.refreshes is not None:
+        log.info("memory_refreshed", npc=npc_id, source=source, **_content(settings, item.refreshes))
+    for old in item.replaces:
+        both = {"text": item.text, "replaced": old} if settings.log_content else {}
+        log.info("memory_replaced", npc=npc_id, source=source, **both)
+    if item.refreshes is None and not item.replaces:
+        log.info("memory_kept", npc=npc_id, source=source, backend=backend, **_content(settings, item.text))
+
+
 def _parse_time(value: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
     return moment if moment.tzinfo is not None else None
+
+
+def _content(settings: Settings, text: object) -> dict[str, Any]:
+    return {"text": text} if settings.log_content else {}
 
 
 def _aware(moment: datetime) -> datetime:

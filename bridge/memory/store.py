@@ -48,11 +48,10 @@ from bridge.errors import MemoryStoreError
 from bridge.memory.active import IDLE_SECONDS, ActiveTable
 from bridge.memory.checks import Kept, apply_kept
 from bridge.memory.faults import DiskFaults
-from bridge.memory.models import NPC_ID_PATTERN, Memory, MemoryFile, OutboxItem, PendingLine, render
+from bridge.memory.models import NPC_ID_PATTERN, Memory, MemoryFile, OutboxItem, PendingLine
+from bridge.memory.models import render as render  # the file format, also imported from here
 
 log = structlog.get_logger(__name__)
-
-__all__ = ["MemoryStore", "render"]
 
 FILE_SUFFIX = ".json"
 TEMP_MARKER = ".tmp-"
