@@ -51,7 +51,10 @@ def explain_lines(recalled: Sequence[Recalled]) -> list[str]:
         return ["    [memory] none recalled"]
     lines = []
     for item in recalled:
-        why = "recent" if item.why == "recent" else f"relevant {item.score:.2f}"
+        if item.why == "recent":
+            why = "recent"
+        else:  # a shared-memory character's items come scored by the service, not here
+            why = f"relevant {item.score:.2f}" if item.score else "relevant (memory service)"
         if item.matched:
             why += " (" + " ".join(item.matched[:MATCHED_SHOWN]) + ")"
         lines.append(f"    [memory] {format_memory_line(item.text, item.heard_at)}   <- {why}")

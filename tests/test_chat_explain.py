@@ -29,6 +29,8 @@ def test_explain_lines_say_recent_or_relevant_with_score_and_shared_terms() -> N
         "    [memory] - (9/27) ユーザーは海が好き   <- recent",
     ]
     assert explain_lines([]) == ["    [memory] none recalled"]
+    shared = explain_lines([Recalled(BONSAI, None, "relevant")])
+    assert shared == [f"    [memory] - {BONSAI}   <- relevant (memory service)"]
 
 
 async def test_chat_explain_shows_the_memories_of_each_prompt_before_the_reply(tmp_path: Path) -> None:
