@@ -188,6 +188,7 @@ class MemoryFiles:
         every change is on disk."""
         pending = {task for task in self._tasks if not task.done()}
         if pending:
+            self._disk.retry_now()  # a disk that has room again by now should not wait out a backoff
             await asyncio.wait(pending, timeout=timeout_seconds)
         unwritten = self._unwritten()
         if unwritten:
