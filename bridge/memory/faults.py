@@ -46,7 +46,7 @@ class DiskFaults:
                 failures=self._failures,
                 npcs_waiting=len(waiting),
                 npc_ids=waiting[:20],
-                detail_kept="the changes stay in memory and are written once the disk takes them",
+                kept="in RAM, written once the disk takes writes again",
             )
             self._warned, self._failures = now, 0
 
@@ -56,6 +56,10 @@ class DiskFaults:
             return
         log.info("memory_write_recovered", failing_seconds=round(self._clock() - self._since, 1))
         self._since, self._warned, self._failures = None, float("-inf"), 0
+        self.retry_now()
+
+    def retry_now(self) -> None:
+        """Wake every writer waiting out its backoff (a write went through, or shutdown is here)."""
         if self._recovered is not None:
             self._recovered.set()
             self._recovered = None

@@ -122,12 +122,8 @@ class MemoryKeeper:
         self._clock = clock or (lambda: datetime.now(self._zone).astimezone(self._zone))
         self._backoff = functools.partial(Backoff, base_seconds=retry_base_seconds, cap_seconds=retry_cap_seconds)
         self._extraction_deadline = extraction_deadline_seconds
-        self._rules = MemoryRules.from_settings(
-            settings, instructions=extraction_instructions(settings.memory_subject)
-        )
-        self._npcs: ActiveTable[_NpcMemory] = ActiveTable(
-            _NpcMemory.busy, idle_seconds=idle_seconds, clock=monotonic
-        )
+        self._rules = MemoryRules.from_settings(settings, instructions=extraction_instructions(settings.memory_subject))
+        self._npcs: ActiveTable[_NpcMemory] = ActiveTable(_NpcMemory.busy, idle_seconds=idle_seconds, clock=monotonic)
         self._courier = (
             OutboxCourier(store, shared, backoff=self._backoff, log_content=settings.log_content)
             if shared is not None

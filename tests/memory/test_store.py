@@ -300,3 +300,30 @@ async def test_the_daemons_store_keeps_what_the_disk_refused_and_writes_it_once_
     events = [entry["event"] for entry in logs]
     assert events.count("memory_write_failed") == 1  # one warning a minute, not one per line or retry
     assert events.count("memory_write_recovered") == 1
+
+
+async def test_flush_tries_a_refused_write_again_at_once_and_names_what_stays_unwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.memory.store as store_module
+
+    store = MemoryStore(tmp_path, limit=60, retry_base_seconds=20.0)  # a backoff longer than the test
+    real_replace = store_module.os.replace
+    refusing = True
+
+    def full_disk(src: str, dst: str) -> None:
+        if refusing:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(store_module.os, "replace", full_disk)
+    await store.append_pending("cafe-minori", PendingLine(player="一", npc="はい。", at=AT))
+    await asyncio.sleep(0.05)  # the writer has failed and waits out its backoff
+    with capture_logs() as logs:
+        assert not await store.flush(0.2)  # shutdown on a full disk: what is lost is named
+    assert [(e["event"], e["npc_ids"]) for e in logs if e["event"] == "memory_flush_timeout"] == [
+        ("memory_flush_timeout", ["cafe-minori"])
+    ]
+    refusing = False
+    assert await store.flush(2.0)  # room again: written now, not after the 20 s backoff
+    assert [p["player"] for p in json.loads((tmp_path / "cafe-minori.json").read_text())["pending"]] == ["一"]
