@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Hashable, Iterable, MutableMapping
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TextIO
 
 import structlog
@@ -144,11 +144,6 @@ def configure(
 def bind(**context: Any) -> None:
     """Bind npc / player / event_id for the current task (contextvars: tasks inherit a copy)."""
     structlog.contextvars.bind_contextvars(**context)
-
-
-def content(enabled: bool, **fields: Any) -> MutableMapping[str, Any]:
-    """Fields holding player or NPC text, or nothing when content logging is off."""
-    return dict(fields) if enabled else {}
 
 
 class Throttle:

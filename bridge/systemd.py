@@ -27,10 +27,6 @@ class Notifier:
         if usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
             self.watchdog_seconds = int(usec) / 1_000_000
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self._address)
-
     def notify(self, message: str) -> None:
         if not self._address:
             return

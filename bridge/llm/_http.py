@@ -71,8 +71,8 @@ def make_client(url: str) -> httpx.AsyncClient:
             connect=CONNECT_TIMEOUT_SECONDS, read=None, write=WRITE_TIMEOUT_SECONDS, pool=None
         ),
         # httpx closes a connection idle for 5 s by default: between players' lines that is the common
-        # case, and each new one costs a name lookup in a thread and a handshake (0.6-4 ms on loopback)
-        # on the reply path. A connection the server closed meanwhile is noticed before reuse.
+        # case, and each new one costs a name lookup in a thread and a handshake on the reply path.
+        # A connection the server closed meanwhile is noticed before reuse.
         limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
         trust_env=False,
     )
@@ -264,7 +264,7 @@ class LineReader:
         """Read what is left of a finished answer, so its connection can go back to the pool.
 
         A response closed before its end takes its connection with it: the next request would pay
-        a new TCP connect (about 1 ms here, more on a LAN). Bounded: a server that keeps sending
+        a new TCP connect (more on a LAN than on loopback). Bounded: a server that keeps sending
         after its last object is simply closed.
         """
         try:

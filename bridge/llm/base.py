@@ -7,21 +7,9 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from bridge.markers import TEMPLATE_STOP_STRINGS as TEMPLATE_STOP_STRINGS
+
 Role = Literal["system", "user", "assistant"]
-
-# Chat-template markers small models leak (llm-backends.md "Stop strings"). The cleaner cuts them too;
-# as stop strings they also save the tokens the model would spend writing the next turn.
-TEMPLATE_STOP_STRINGS: tuple[str, ...] = (
-    "<|",
-    "<assistant",
-    "<user",
-    "<system",
-    "<end_of_turn>",
-    "<start_of_turn>",
-    "</s>",
-    "[INST]",
-)
-
 
 @dataclass(frozen=True)
 class ChatMessage:

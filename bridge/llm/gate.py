@@ -29,10 +29,6 @@ class LLMGate:
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
-    @property
-    def waiting(self) -> int:
-        return sum(1 for *_, fut in self._waiters if not fut.done())
-
     async def acquire(self, priority: Priority) -> None:
         if self._free > 0 and not self._waiters:
             self._free -= 1

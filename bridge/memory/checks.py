@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from bridge.compare import comparable, copies_run
 from bridge.memory.models import Memory
 from bridge.settings import Settings
 
@@ -69,15 +70,6 @@ def nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text.strip())
 
 
-def comparable(text: str) -> str:
-    """NFKC, no spaces, no punctuation, case folded: the form duplicates and copies are compared in."""
-    return "".join(
-        ch
-        for ch in unicodedata.normalize("NFKC", text).casefold()
-        if not ch.isspace() and not unicodedata.category(ch).startswith("P")
-    )
-
-
 # --- the rules: (normalised text, rules) -> broken? ---------------------------------------------
 
 
@@ -121,14 +113,6 @@ def breaks_order(text: str, rules: MemoryRules) -> bool:
 
 def breaks_prompt_copy(text: str, rules: MemoryRules) -> bool:
     return copies_run(text, rules.instructions, run_chars=PROMPT_COPY_RUN_CHARS)
-
-
-def copies_run(text: str, source: str, *, run_chars: int) -> bool:
-    """Whether `text` holds `run_chars` or more consecutive characters of `source` (compared forms)."""
-    probe, haystack = comparable(text), comparable(source)
-    if len(probe) < run_chars or not haystack:
-        return False
-    return any(probe[i : i + run_chars] in haystack for i in range(len(probe) - run_chars + 1))
 
 
 def is_duplicate(text: str, kept: Sequence[str]) -> bool:

@@ -16,12 +16,12 @@ from datetime import date
 from typing import Any
 
 from bridge.llm.base import (
-    TEMPLATE_STOP_STRINGS,
     ChatMessage,
     GenerationRequest,
     LLMBackend,
     TextChunk,
 )
+from bridge.markers import first_template_marker
 from bridge.memory.models import PendingLine
 
 EXTRACTION_MAX_TOKENS = 256
@@ -34,9 +34,6 @@ MEMORIES_SCHEMA: dict[str, Any] = {
     "properties": {"memories": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_MEMORIES}},
     "required": ["memories"],
 }
-
-# Everything from one of these on is the model writing another turn (memory.md "Parsing").
-TEMPLATE_MARKERS: tuple[str, ...] = (*TEMPLATE_STOP_STRINGS, "<bos>", "<eos>", "<im_start>", "<im_end>")
 
 NPC_LABEL_JA = "相手"
 NPC_LABEL_EN = "Other"
@@ -123,13 +120,9 @@ def extraction_messages(
 
 
 def cut_at_template_marker(text: str) -> str:
-    """Everything before the first chat-template marker."""
-    cut = len(text)
-    for marker in TEMPLATE_MARKERS:
-        found = text.find(marker, 0, cut)
-        if found != -1:
-            cut = found
-    return text[:cut]
+    """Everything before the first chat-template marker (memory.md "Parsing")."""
+    cut = first_template_marker(text)
+    return text if cut is None else text[:cut]
 
 
 def _object_end(text: str, start: int) -> int | None:
@@ -197,7 +190,7 @@ def first_json_object_complete(text_so_far: str) -> bool:
 
 
 def _leaked_template(text: str) -> bool:
-    return any(marker in text for marker in TEMPLATE_MARKERS)
+    return first_template_marker(text) is not None
 
 
 @asynccontextmanager

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -110,18 +111,57 @@ class Character(_Part):
         return [line for line in self.fallbacks if line.strip()] or [BUILTIN_FALLBACK]
 
 
-@dataclass(frozen=True)
-class Roster:
-    """All loaded characters; `voiced` are the ones the bridge claims."""
+_T = TypeVar("_T")
 
-    characters: dict[str, Character]
+
+class Derived(Generic[_T]):
+    """A value computed from a roster's voiced characters: when made, and again at every replace."""
+
+    def __init__(self, build: Callable[[Mapping[str, Character]], _T], voiced: Mapping[str, Character]) -> None:
+        self._build = build
+        self.value = build(voiced)
+
+    def rebuild(self, voiced: Mapping[str, Character]) -> None:
+        self.value = self._build(voiced)
+
+
+class Roster:
+    """All loaded characters; `voiced` are the ones the bridge claims.
+
+    One Roster is shared by every component; `replace` swaps its characters in place (a reload), so
+    all of them see the new ones. What a reply needs from the whole cast (e.g. the other speakers'
+    names) is a `derive`d value: computed at start and at each replace, never on the reply path.
+    """
+
+    def __init__(self, characters: Mapping[str, Character]) -> None:
+        self._characters: dict[str, Character] = {}
+        self._voiced: dict[str, Character] = {}
+        self._derived: list[Derived[Any]] = []
+        self.replace(characters)
+
+    def replace(self, characters: Mapping[str, Character]) -> None:
+        """Swap in a new set of characters and recompute every derived value."""
+        everyone = dict(characters)
+        self._characters, self._voiced = everyone, {cid: c for cid, c in everyone.items() if c.voiced}
+        for derived in self._derived:
+            derived.rebuild(self.voiced)
+
+    def derive(self, build: Callable[[Mapping[str, Character]], _T]) -> Derived[_T]:
+        """`build(voiced characters)` now and after every replace; read it as `.value`."""
+        derived = Derived(build, self.voiced)
+        self._derived.append(derived)
+        return derived
 
     @property
-    def voiced(self) -> dict[str, Character]:
-        return {cid: c for cid, c in self.characters.items() if c.voiced}
+    def characters(self) -> Mapping[str, Character]:
+        return MappingProxyType(self._characters)
+
+    @property
+    def voiced(self) -> Mapping[str, Character]:
+        return MappingProxyType(self._voiced)
 
     def get(self, npc_id: str) -> Character | None:
-        return self.characters.get(npc_id)
+        return self._characters.get(npc_id)
 
 
 def _describe(error: ValidationError) -> str:
@@ -145,8 +185,6 @@ def load_character(path: Path) -> Character:
         raise ConfigError(f"character file {path}: {_describe(exc)}") from None
     if character.id != path.stem:
         raise ConfigError(f"character file {path}: id: {character.id!r} does not match the file name")
-    if character.voiced and character.staff is None and character.talk != "worker":
-        raise ConfigError(f"character file {path}: staff: required for a staff NPC")
     return character
 
 

@@ -16,10 +16,11 @@ Rules, in the order they are tried (the first that fails is returned):
 
 from __future__ import annotations
 
-import functools
 import unicodedata
 from collections.abc import Iterable
 from typing import Literal
+
+from bridge.compare import copies_run
 
 Language = Literal["ja", "en"]
 
@@ -94,23 +95,6 @@ def in_language(text: str, language: Language) -> bool:
     return own * 2 >= letters
 
 
-@functools.lru_cache(maxsize=64)
-def _instructions_letters(instructions: str) -> str:
-    # The same system message comes back for every reply of an NPC: normalise it once.
-    return _letters_only(instructions)
-
-
-def _letters_only(text: str) -> str:
-    """NFKC, lower case, only letters and digits: what an echo comparison looks at."""
-    return "".join(char for char in _normalise(text) if char.isalnum())
-
-
-def echoes(text: str, instructions: str, run_chars: int = ECHO_RUN_CHARS) -> bool:
-    """Whether `text` copies `run_chars` or more characters in a row from `instructions`."""
-    reply, source = _letters_only(text), _instructions_letters(instructions)
-    return any(reply[i : i + run_chars] in source for i in range(len(reply) - run_chars + 1))
-
-
 def check_reply(
     text: str, *, banned: Iterable[str], last_line: str | None, language: Language, instructions: str = ""
 ) -> str | None:
@@ -130,7 +114,7 @@ def check_reply(
         return RULE_REPEAT
     if not in_language(text, language):
         return RULE_LANGUAGE
-    if instructions and echoes(text, instructions):
+    if instructions and copies_run(text, instructions, run_chars=ECHO_RUN_CHARS):
         return RULE_ECHO
     return None
 

@@ -4,7 +4,8 @@ Everything the model returns is untrusted text. `clean` runs the six steps of th
 
 1. Cut everything from the first chat-template marker on (`<|…`, `<assistant`, `<user`, `<system`
    (and their closing forms `</assistant` …), `<end_of_turn>`, `<start_of_turn>`, `</s>`, `<s>`,
-   `[INST]`, `<<SYS>>`; case-insensitive). A role header at the very start (`assistant`, `model`,
+   `[INST]`, `<<SYS>>`; case-insensitive; beyond the letter, the other templates' tokens of
+   `bridge.markers` too). A role header at the very start (`assistant`, `model`,
    `Assistant:` alone on the first line) is removed, not cut after. Beyond the letter: a leading
    `Assistant:` / `model:` label followed by text on the same line is removed too.
    A marker at the very start leaves nothing: the reply is empty and the checks regenerate it.
@@ -45,12 +46,13 @@ Everything the model returns is untrusted text. `clean` runs the six steps of th
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bridge.markers import first_template_marker
 from bridge.speech import Emotion
 
 # Step 2 always treats these as the other side of the conversation.
@@ -61,10 +63,6 @@ _CLOSERS = "」』）)”’\"'〉》】"
 _SPACE = r"[ \t\u3000]"
 
 # --- step 1 -------------------------------------------------------------------------------------
-_TEMPLATE_MARKER = re.compile(
-    r"<\||</?(?:assistant|user|system)|<end_of_turn>|<start_of_turn>|</s>|<s>|\[INST\]|<<SYS>>",
-    re.IGNORECASE,
-)
 # A markdown heading line: the model is echoing its prompt or writing a document.
 _HEADING = re.compile(r"(?m)^[ \t\u3000]*#{1,6}[ \t\u3000]")
 # A list marker at a line start ("- 日本語で答える。"): speech has no bullets.
@@ -116,11 +114,10 @@ _CUT_POINTS = "、，, "
 
 @dataclass(frozen=True)
 class Cleaned:
-    """A cleaned reply: the text to speak (may be empty), its emotion, and its sentence count."""
+    """A cleaned reply: the text to speak (may be empty) and its emotion."""
 
     text: str
     emotion: Emotion
-    sentences: int  # sentence units in `text` (a final fragment or a cut sentence counts as one)
 
 
 @dataclass(frozen=True)
@@ -130,17 +127,9 @@ class _Body:
     cut: bool  # a cut point (template marker or another speaker's line) was found
 
 
-def _names_alternation(names: Iterable[str]) -> str | None:
-    unique = {name.strip() for name in names if name and name.strip()}
-    if not unique:
-        return None
-    # Longest first, so "カフェのみのり" wins over "みのり".
-    return "|".join(re.escape(name) for name in sorted(unique, key=len, reverse=True))
-
-
 # A speaker label at a line or sentence start: `[tag] name(さん|様|さま)? :`. One pattern for every set of
 # names; whether a label cuts is decided by its name in code. (An alternation of the names compiled
-# per player cost ~0.5 ms on the first reply to every new player.)
+# per player was paid on the first reply to every new player.)
 _MAX_LABEL_CHARS = 64
 _LABEL = re.compile(
     rf"(?:^|(?<=[{_END_MARKS}.{_CLOSERS}])){_SPACE}*(?:\[[^\[\]\n]*\]{_SPACE}*)*"
@@ -150,28 +139,74 @@ _LABEL = re.compile(
 _HONORIFICS = ("さん", "様", "さま")
 
 
-@functools.lru_cache(maxsize=256)
-def _other_names(own_names: tuple[str, ...], other_speakers: tuple[str, ...]) -> frozenset[str]:
-    own = {name.strip().casefold() for name in own_names if name}
-    return frozenset(
-        folded
-        for name in (*other_speakers, *ALWAYS_OTHER_SPEAKERS)
-        if (folded := name.strip().casefold()) and folded not in own
-    )
+def _fold(name: str) -> str:
+    return name.strip().casefold()
 
 
-def _is_other(label: str, others: frozenset[str]) -> bool:
-    name = label.strip().casefold()
+@dataclass(frozen=True)
+class OtherSpeakers:
+    """Whose labels cut a reply in step 2, case-folded; `in` tells whether a label names one of them.
+
+    Built once per character (`of`, from every voiced character's names: the roster does it at start
+    and at reload); the player's name is added per reply (`with_player`). Both are O(1) per reply in
+    the size of the cast: the big set is shared, never copied, and own names are excluded on lookup.
+    """
+
+    names: frozenset[str]  # may hold this NPC's own names too: they are excluded on lookup
+    own: frozenset[str] = frozenset()
+    player: str = ""
+    # The names holding a sentence end or a closer ("Dr. Kato"): the few a label check while streaming
+    # must look at one by one. Computed with `names`, so no reply walks the cast to find them.
+    spanning_names: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, names: Iterable[str], *, own_names: Iterable[str] = ()) -> OtherSpeakers:
+        folded = fold_names((*names, *ALWAYS_OTHER_SPEAKERS))
+        return cls(names=folded, own=fold_names(own_names), spanning_names=frozenset(filter(_spans, folded)))
+
+    def with_own(self, own_names: Iterable[str]) -> OtherSpeakers:
+        return dataclasses.replace(self, own=fold_names(own_names))
+
+    def with_player(self, player_name: str) -> OtherSpeakers:
+        return dataclasses.replace(self, player=_fold(player_name))
+
+    @property
+    def spanning(self) -> list[str]:
+        """Other speakers' names holding a sentence end or a closer (own names left out)."""
+        found = [name for name in self.spanning_names if name not in self.own]
+        return [*found, self.player] if self.player in self and _spans(self.player) else found
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str) or not name or name in self.own:
+            return False
+        return name in self.names or name == self.player
+
+
+def _spans(name: str) -> bool:
+    return any(char in name for char in _END_MARKS + "." + _CLOSERS)
+
+
+def fold_names(names: Iterable[str]) -> frozenset[str]:
+    """The names as step 2 compares them (trimmed, case-folded), empty ones dropped."""
+    return frozenset(folded for name in names if name and (folded := _fold(name)))
+
+
+def _is_other(label: str, others: OtherSpeakers) -> bool:
+    name = _fold(label)
     if name in others:
         return True
     return any(name.endswith(h) and name[: -len(h)].rstrip() in others for h in _HONORIFICS)
 
 
-def _other_label_start(text: str, own_names: Sequence[str], other_speakers: Sequence[str]) -> int | None:
+def other_names(own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> OtherSpeakers:
+    """Whose labels cut: `other_speakers` as given on the reply path, or built from a list of names."""
+    if isinstance(other_speakers, OtherSpeakers):
+        return other_speakers
+    return OtherSpeakers.of(other_speakers, own_names=own_names)
+
+
+def _other_label_start(text: str, others: OtherSpeakers) -> int | None:
     """Where the first label of another speaker starts, if any."""
-    others = _other_names(tuple(own_names), tuple(other_speakers))
-    if not others:
-        return None
     position = 0
     # Labels are tried at every boundary, overlapping ones included ("Dr. Kato:" holds a boundary).
     while (found := _LABEL.search(text, position)) is not None:
@@ -181,30 +216,29 @@ def _other_label_start(text: str, own_names: Sequence[str], other_speakers: Sequ
     return None
 
 
-def _own_prefix(own_names: Sequence[str]) -> re.Pattern[str] | None:
-    return _own_prefix_for(tuple(own_names))
+# A leading `name:` at a line start; whether it is this NPC's own prefix is decided by the name in code,
+# so no pattern is compiled per character.
+_PREFIX = re.compile(rf"\A{_SPACE}*(?P<name>[^\n:：]{{1,{_MAX_LABEL_CHARS}}}?){_SPACE}*[:：]{_SPACE}*")
 
 
-@functools.lru_cache(maxsize=64)
-def _own_prefix_for(own_names: tuple[str, ...]) -> re.Pattern[str] | None:
-    alternation = _names_alternation(own_names)
-    if alternation is None:
-        return None
-    return re.compile(rf"\A{_SPACE}*(?:{alternation}){_SPACE}*[:：]{_SPACE}*", re.IGNORECASE)
+def _strip_own_prefix(text: str, own: frozenset[str]) -> str:
+    found = _PREFIX.match(text)
+    return text[found.end() :] if found is not None and _fold(found.group("name")) in own else text
 
 
 def _cut_markers(raw: str) -> tuple[str, bool]:
     """Step 1."""
     text = _ROLE_HEADER.sub("", raw, count=1)
-    cuts = [found.start() for found in (_TEMPLATE_MARKER.search(text), _HEADING.search(text)) if found]
+    heading = _HEADING.search(text)
+    cuts = [at for at in (first_template_marker(text), heading.start() if heading else None) if at is not None]
     if not cuts:
         return text, False
     return text[: min(cuts)], True
 
 
-def _cut_other_speakers(text: str, own_names: Sequence[str], other_speakers: Sequence[str]) -> tuple[str, bool]:
+def _cut_other_speakers(text: str, others: OtherSpeakers) -> tuple[str, bool]:
     """Step 2."""
-    start = _other_label_start(text, own_names, other_speakers)
+    start = _other_label_start(text, others)
     if start is None:
         return text, False
     return text[:start], True
@@ -305,27 +339,21 @@ def _tidy_whitespace(text: str) -> str:
     return "".join(out)
 
 
-def _speaker_and_quotes(text: str, own_prefix: re.Pattern[str] | None) -> str:
+def _speaker_and_quotes(text: str, own: frozenset[str]) -> str:
     """Step 5."""
-    lines = []
-    for line in text.split("\n"):
-        if own_prefix is not None:
-            line = own_prefix.sub("", line, count=1)
-        lines.append(_unquote(line))
-    text = _tidy_whitespace("\n".join(lines))
-    if own_prefix is not None:
-        text = own_prefix.sub("", text, count=1)
+    lines = [_unquote(_strip_own_prefix(line, own)) for line in text.split("\n")]
+    text = _strip_own_prefix(_tidy_whitespace("\n".join(lines)), own)
     return _unquote(text)
 
 
-def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str]) -> _Body:
+def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> _Body:
     """Steps 1-5."""
     text, cut_marker = _cut_markers(raw)
-    text, cut_speaker = _cut_other_speakers(text, own_names, other_speakers)
+    text, cut_speaker = _cut_other_speakers(text, other_names(own_names, other_speakers))
     text, emotion = _take_emotion(text)
     text = _remove_stage_directions(text)
     text = _LIST_MARKER.sub("", text)
-    text = _speaker_and_quotes(text, _own_prefix(own_names))
+    text = _speaker_and_quotes(text, fold_names(own_names))
     # Again, for narration that stood alone only once the prefix was gone ("みのり：（微笑む）はい。").
     text = _tidy_whitespace(_drop_narration(text))
     return _Body(text=text, emotion=emotion, cut=cut_marker or cut_speaker)
@@ -376,7 +404,7 @@ def clean(
     raw: str,
     *,
     own_names: Sequence[str],
-    other_speakers: Sequence[str],
+    other_speakers: Sequence[str] | OtherSpeakers,
     max_sentences: int,
     max_chars: int,
 ) -> Cleaned:
@@ -384,7 +412,8 @@ def clean(
 
     `own_names`: this NPC's `name` and `speaker_name`. `other_speakers`: the player's `playerName`
     and the other voiced characters' `name`/`speaker_name` (`ユーザー`, `User`, `プレイヤー` are added
-    here). The result may be empty (the raw text was only a stage direction, a marker, …); the
+    here); on the reply path an `OtherSpeakers` built once per character, so no reply walks the cast.
+    The result may be empty (the raw text was only a stage direction, a marker, …); the
     checks then ask for a regeneration. Run `split_inline_memory` first for inline-memory characters.
     """
     body = _body(raw, own_names, other_speakers)
@@ -395,16 +424,14 @@ def clean(
     kept = units[: max(1, max_sentences)]
     if kept and max_chars > 0:
         kept = _cut_to_chars(kept, max_chars)
-    text = _balance_quotes("".join(kept).strip())
-    count = len([unit for unit in kept if unit.strip()]) if text else 0
-    return Cleaned(text=text, emotion=body.emotion, sentences=count)
+    return Cleaned(text=_balance_quotes("".join(kept).strip()), emotion=body.emotion)
 
 
 def has_enough(
     raw_so_far: str,
     *,
     own_names: Sequence[str],
-    other_speakers: Sequence[str],
+    other_speakers: Sequence[str] | OtherSpeakers,
     max_sentences: int,
 ) -> bool:
     """Whether reading the stream can stop now: what is still to come would be cut anyway.
@@ -452,7 +479,7 @@ def _may_have_enough(raw: str, max_sentences: int) -> bool:
 
 
 def _has_enough(
-    raw_so_far: str, *, own_names: Sequence[str], other_speakers: Sequence[str], max_sentences: int
+    raw_so_far: str, *, own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers, max_sentences: int
 ) -> bool:
     body = _body(raw_so_far, own_names, other_speakers)
     if body.cut:

@@ -19,6 +19,7 @@ from typing import Protocol
 import structlog
 
 from bridge.llm.gate import LLMGate, Priority
+from bridge.memory.keeper import RECALL_TIMEOUT_SECONDS
 from bridge.memory.recall import Recalled, recall_fields
 from bridge.npc.characters import Character, Roster
 from bridge.npc.conversation import Conversations
@@ -29,7 +30,6 @@ from bridge.world.messages import NpcEvent, PlayerLeft, Say, Talk, Typing
 log = structlog.get_logger(__name__)
 
 MAX_QUEUED_LINES_PER_NPC = 16
-RECALL_TIMEOUT_SECONDS = 5.0
 SHUTDOWN_GRACE_SECONDS = 5.0
 
 

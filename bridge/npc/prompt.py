@@ -159,7 +159,7 @@ def format_memory_line(text: str, heard_at: datetime | None) -> str:
 
 def estimate_tokens(text: str) -> int:
     """An upper-bound guess without a tokenizer: 1 token per non-ASCII character, 1 per 4 ASCII."""
-    ascii_chars = len(text.encode("ascii", "ignore"))  # in C: a Python loop took ~0.1 ms a reply
+    ascii_chars = len(text.encode("ascii", "ignore"))  # counted in C, not in a Python loop
     return (len(text) - ascii_chars) + math.ceil(ascii_chars / 4)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -15,7 +15,7 @@ from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest, Gene
 from bridge.memory.recall import Recalled
 from bridge.npc.characters import Character, Roster
 from bridge.npc.checks import check_reply, regeneration_hint
-from bridge.npc.cleaner import clean, has_enough, split_inline_memory
+from bridge.npc.cleaner import OtherSpeakers, clean, has_enough, split_inline_memory
 from bridge.npc.prompt import Exchange, build_reply_messages, system_message
 from bridge.settings import Settings
 from bridge.speech import Emotion, ReplySource
@@ -75,13 +75,47 @@ class Fallbacks:
         return lines[index]
 
 
+class CastSpeakers:
+    """Whose speaker labels cut each character's reply (replies.md "Cleaning" step 2): the other voiced
+    characters' names, known per character at start and at every `Roster.replace`; the player's name
+    is added per reply. Nothing here walks the cast on the reply path."""
+
+    def __init__(self, roster: Roster) -> None:
+        self._cast = roster.derive(_Cast.of)
+
+    def of(self, character: Character, player_name: str = "") -> OtherSpeakers:
+        cast = self._cast.value
+        known = cast.by_id.get(character.id)
+        if known is not None and known[0] is character:
+            speakers = known[1]
+        else:
+            # Not voiced, or from before a replace: the current cast's names, its own left out.
+            speakers = cast.names.with_own(_own_names(character))
+        return speakers.with_player(player_name) if player_name else speakers
+
+
+def _own_names(character: Character) -> tuple[str, str]:
+    return character.name, character.short_name
+
+
+@dataclass(frozen=True)
+class _Cast:
+    names: OtherSpeakers  # every voiced name: one set, shared by all characters (memory O(N), not O(N²))
+    by_id: dict[str, tuple[Character, OtherSpeakers]]
+
+    @classmethod
+    def of(cls, voiced: Mapping[str, Character]) -> _Cast:
+        names = OtherSpeakers.of(name for c in voiced.values() for name in _own_names(c))
+        return cls(names, {cid: (c, names.with_own(_own_names(c))) for cid, c in voiced.items()})
+
+
 class Responder:
     """Turns a player's line into the line the NPC speaks. It never raises for model trouble."""
 
     def __init__(self, *, backend: LLMBackend, settings: Settings, roster: Roster) -> None:
         self._backend = backend
         self._settings = settings
-        self._roster = roster
+        self._speakers = CastSpeakers(roster)
         self._fallbacks = Fallbacks()
         self._banned_global = tuple(settings.banned_words)
 
@@ -94,12 +128,8 @@ class Responder:
             error=error,
         )
 
-    def _other_speakers(self, character: Character, player_name: str) -> list[str]:
-        names = [player_name] if player_name else []
-        for other in self._roster.voiced.values():
-            if other.id != character.id:
-                names.extend({other.name, other.short_name})
-        return names
+    def _other_speakers(self, character: Character, player_name: str) -> OtherSpeakers:
+        return self._speakers.of(character, player_name)
 
     async def respond(self, context: ReplyContext, *, deadline: float) -> Reply:
         """Generate, clean and check; `deadline` is an event-loop time. Past it: a fallback line."""

@@ -267,26 +267,25 @@ def test_whitespace_is_tidied(raw: str, text: str) -> None:
 
 
 SENTENCES = [
-    # (raw, max_sentences, text, sentences)
-    ("ええと……そうですね。少々お待ちください。次です。", 2, "ええと……そうですね。少々お待ちください。", 2),
-    ("ええと…はい。まだです。", 1, "ええと…はい。", 1),
-    ("本当ですか？」ええ。そうです。", 1, "本当ですか？", 1),
-    ("「本当ですか？」と聞かれました。次です。", 1, "「本当ですか？」と聞かれました。", 1),
-    ("本当ですか！？ はい。", 1, "本当ですか！？", 1),
-    ("Hello! How are you? Fine.", 2, "Hello! How are you?", 2),
-    ("Welcome to the cafe. Please take a seat. Enjoy.", 2, "Welcome to the cafe. Please take a seat.", 2),
-    ("It costs 3.5 coins... maybe. Sure.", 1, "It costs 3.5 coins... maybe.", 1),
-    ("いらっしゃいませ。ごゆっくり", 2, "いらっしゃいませ。ごゆっくり", 2),
-    ("いらっしゃいませ。ごゆっくり", 1, "いらっしゃいませ。", 1),
-    ("「いらっしゃいませ。ごゆっくりどうぞ。", 1, "いらっしゃいませ。", 1),
-    ("", 2, "", 0),
+    # (raw, max_sentences, text)
+    ("ええと……そうですね。少々お待ちください。次です。", 2, "ええと……そうですね。少々お待ちください。"),
+    ("ええと…はい。まだです。", 1, "ええと…はい。"),
+    ("本当ですか？」ええ。そうです。", 1, "本当ですか？"),
+    ("「本当ですか？」と聞かれました。次です。", 1, "「本当ですか？」と聞かれました。"),
+    ("本当ですか！？ はい。", 1, "本当ですか！？"),
+    ("Hello! How are you? Fine.", 2, "Hello! How are you?"),
+    ("Welcome to the cafe. Please take a seat. Enjoy.", 2, "Welcome to the cafe. Please take a seat."),
+    ("It costs 3.5 coins... maybe. Sure.", 1, "It costs 3.5 coins... maybe."),
+    ("いらっしゃいませ。ごゆっくり", 2, "いらっしゃいませ。ごゆっくり"),
+    ("いらっしゃいませ。ごゆっくり", 1, "いらっしゃいませ。"),
+    ("「いらっしゃいませ。ごゆっくりどうぞ。", 1, "いらっしゃいませ。"),
+    ("", 2, ""),
 ]
 
 
-@pytest.mark.parametrize(("raw", "max_sentences", "text", "sentences"), SENTENCES)
-def test_the_first_sentences_are_kept(raw: str, max_sentences: int, text: str, sentences: int) -> None:
-    result = _clean(raw, max_sentences=max_sentences)
-    assert (result.text, result.sentences) == (text, sentences)
+@pytest.mark.parametrize(("raw", "max_sentences", "text"), SENTENCES)
+def test_the_first_sentences_are_kept(raw: str, max_sentences: int, text: str) -> None:
+    assert _clean(raw, max_sentences=max_sentences).text == text
 
 
 LONG = "こちらは当店でいちばん人気のある深煎りのブレンドで、香りがとても豊かなのでぜひ一度お試しください。"
@@ -372,7 +371,7 @@ def test_what_has_enough_stops_at_cleans_to_the_kept_sentences() -> None:
         if _enough(so_far):
             break
     assert so_far.endswith("今")
-    assert _clean(so_far) == Cleaned(text="いらっしゃいませ！ごゆっくりどうぞ。", emotion="happy", sentences=2)
+    assert _clean(so_far) == Cleaned(text="いらっしゃいませ！ごゆっくりどうぞ。", emotion="happy")
 
 
 def test_the_quick_test_before_has_enough_never_changes_its_answer() -> None:
@@ -417,7 +416,7 @@ def test_inline_memory_never_reaches_the_spoken_line() -> None:
     spoken, memories = split_inline_memory(
         "[happy]おかえり！今日はどうだった？<memory>\n- ユーザーは紅茶が好き\n</memory>"
     )
-    assert _clean(spoken) == Cleaned(text="おかえり！今日はどうだった？", emotion="happy", sentences=2)
+    assert _clean(spoken) == Cleaned(text="おかえり！今日はどうだった？", emotion="happy")
     assert memories == ["ユーザーは紅茶が好き"]
 
 
