@@ -163,7 +163,7 @@ class MemoryKeeper:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def flush(self, timeout: float) -> None:  # noqa: ASYNC109 - the lead's staged-shutdown budget
+    async def flush(self, timeout: float) -> None:  # noqa: ASYNC109 - the caller's staged-shutdown budget
         """At shutdown: wait for writes in flight, or waiting for a disk that refused them."""
         await self._store.flush(timeout)
 

@@ -108,12 +108,6 @@ class MemoryStore:
     async def memories(self, npc_id: str) -> tuple[Memory, ...]:
         return (await self.load(npc_id)).memories
 
-    async def recent(self, npc_id: str, n: int) -> tuple[Memory, ...]:
-        """The newest `n` memories, oldest first."""
-        if n <= 0:
-            return ()
-        return (await self.load(npc_id)).memories[-n:]
-
     async def outbox(self, npc_id: str) -> tuple[OutboxItem, ...]:
         return (await self.load(npc_id)).outbox
 

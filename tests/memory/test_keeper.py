@@ -256,7 +256,6 @@ async def test_memories_told_to_one_npc_never_reach_another(
     async with running(make_keeper(tmp_path, backend)) as keeper:
         await keeper.note_exchange("cafe-minori", player="ここの紅茶がすきなんだよ", npc="はい。", at=AT)
         await eventually(lambda: bool(read_file(tmp_path, "cafe-minori")["memories"]))
-        await keeper.flush(5.0)  # the file is renamed into place a moment before the store's cache follows
         assert await recalled_lines(keeper, "cafe-minori", "紅茶") == ["- (9/29) ユーザーは紅茶が好き"]
         assert await recalled_lines(keeper, "ryokan-fumi", "紅茶") == []
         assert await recalled_lines(keeper, "cinema-aoi", "紅茶") == []

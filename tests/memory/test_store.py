@@ -150,13 +150,6 @@ async def test_clear_pending_keeps_lines_noted_after_the_extraction_began(tmp_pa
     assert await MemoryStore(tmp_path, limit=60).pending("cafe-minori") == (line(3),)
 
 
-async def test_recent_gives_the_newest_oldest_first(tmp_path: Path) -> None:
-    store = MemoryStore(tmp_path, limit=60)
-    await store.add_memories("cafe-minori", [f"ユーザーの記憶{n}" for n in range(5)], AT, "extraction")
-    assert [m.text for m in await store.recent("cafe-minori", 2)] == ["ユーザーの記憶3", "ユーザーの記憶4"]
-    assert await store.recent("cafe-minori", 0) == ()
-
-
 async def test_forget_one_or_all(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path, limit=60)
     await store.add_memories("cafe-minori", ["ユーザーの記憶0", "ユーザーの記憶1", "ユーザーの記憶2"], AT, "extraction")
