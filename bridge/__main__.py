@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
         "chat", help="talk to one character in the terminal through the daemon's prompt, backend, cleaning and memory"
     )
     chat.add_argument("npc_id", help="a character id, e.g. cafe-minori")
+    chat.add_argument(
+        "--explain", action="store_true", help="before each reply, show the memories in its prompt and why"
+    )
     memory = commands.add_parser("memory", help="inspect or forget what an NPC remembers")
     memory_commands = memory.add_subparsers(dest="memory_command", metavar="ACTION", required=True)
     show = memory_commands.add_parser("show", help="print memories with their dates and the pending conversation")
@@ -50,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     which = forget.add_mutually_exclusive_group(required=True)
     which.add_argument("number", nargs="?", type=int, help="the memory's number as `memory show` prints it")
     which.add_argument("--all", action="store_true", help="forget every memory of this NPC")
+    which.add_argument("--pending", action="store_true", help="forget the pending conversation (not yet extracted)")
     return parser
 
 
@@ -95,13 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "chat":
             from bridge.chat import run_chat
 
-            return asyncio.run(run_chat(settings, args.npc_id))
+            return asyncio.run(run_chat(settings, args.npc_id, explain=args.explain))
         if command == "memory":
             from bridge.memory.cli import forget_memory, show_memory
+            from bridge.npc.characters import load_roster
 
+            characters = load_roster(settings.characters_dir).characters
             if args.memory_command == "show":
-                return asyncio.run(show_memory(settings, args.npc_id))
-            return asyncio.run(forget_memory(settings, args.npc_id, None if args.all else args.number))
+                return asyncio.run(show_memory(settings, args.npc_id, characters))
+            number = None if args.all else args.number
+            return asyncio.run(forget_memory(settings, args.npc_id, number, characters, pending=args.pending))
     except ConfigError as exc:
         return _config_error(exc)
     except ComponentFailed as exc:

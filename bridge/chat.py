@@ -2,7 +2,8 @@
 
 Same prompt, backend, cleaning, checks, fallbacks and memory (recall, pending lines, extraction after
 silence) as `npc-bridge run`; only the world is replaced by the terminal. Useful for writing and
-tuning character files.
+tuning character files; with `--explain`, each reply is preceded by the memories its prompt holds and
+why each is there (one of the newest, or relevant with its score).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from bridge import logs
@@ -18,16 +20,18 @@ from bridge.errors import ConfigError
 from bridge.llm.factory import make_backend
 from bridge.llm.gate import LLMGate, Priority
 from bridge.memory.keeper import MemoryKeeper
+from bridge.memory.recall import Recalled
 from bridge.memory.shared import SharedMemoryClient
 from bridge.memory.store import MemoryStore
 from bridge.npc.characters import load_roster
 from bridge.npc.conversation import Conversations
-from bridge.npc.prompt import Exchange, sanitize_player_text
+from bridge.npc.prompt import Exchange, format_memory_line, sanitize_player_text
 from bridge.npc.responder import ReplyContext, Responder
 from bridge.settings import Settings
 
 PLAYER_ID = "terminal"
 PLAYER_NAME = "あなた"
+MATCHED_SHOWN = 5  # shared terms shown per relevant memory by --explain
 
 
 async def _read_line(prompt: str) -> str | None:
@@ -40,7 +44,24 @@ async def _read_line(prompt: str) -> str | None:
     return await asyncio.get_running_loop().run_in_executor(None, read)
 
 
-async def run_chat(settings: Settings, npc_id: str) -> int:
+def explain_lines(recalled: Sequence[Recalled]) -> list[str]:
+    """`--explain`: the memories in this prompt, as the prompt orders them, each with why it is there
+    (one of the newest, or relevant with its score and the terms it shares with the line)."""
+    if not recalled:
+        return ["    [memory] none recalled"]
+    lines = []
+    for item in recalled:
+        if item.why == "recent":
+            why = "recent"
+        else:  # a shared-memory character's items come scored by the service, not here
+            why = f"relevant {item.score:.2f}" if item.score else "relevant (memory service)"
+        if item.matched:
+            why += " (" + " ".join(item.matched[:MATCHED_SHOWN]) + ")"
+        lines.append(f"    [memory] {format_memory_line(item.text, item.heard_at)}   <- {why}")
+    return lines
+
+
+async def run_chat(settings: Settings, npc_id: str, *, explain: bool = False) -> int:
     roster = load_roster(settings.characters_dir)
     character = roster.get(npc_id)
     if character is None:
@@ -71,12 +92,16 @@ async def run_chat(settings: Settings, npc_id: str) -> int:
             text = sanitize_player_text(line)
             keeper.touch(npc_id)
             started = time.monotonic()
+            history = conversations.history(npc_id, PLAYER_ID)
+            recalled = await keeper.recall(npc_id, query=text, previous=history[-1].player if history else None)
+            if explain:
+                print("\n".join(explain_lines(recalled)), flush=True)
             context = ReplyContext(
                 character=character,
                 player_line=text,
                 player_name=PLAYER_NAME,
-                memories=await keeper.recall(npc_id, query=text),
-                history=conversations.history(npc_id, PLAYER_ID),
+                memories=recalled,
+                history=history,
                 last_said=conversations.last_said(npc_id, PLAYER_ID),
             )
             async with gate.slot(Priority.REPLY):

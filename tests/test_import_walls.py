@@ -89,14 +89,7 @@ def test_the_import_reader_sees_every_form_of_import() -> None:
     [
         ("world", WALLS["world"]),
         ("llm", WALLS["llm"]),
-        pytest.param(
-            "memory",
-            WALLS["memory"],
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="memory/ still imports npc/: keeper (Roster, format_memory_line) and cli (load_roster)",
-            ),
-        ),
+        ("memory", WALLS["memory"]),
     ],
 )
 def test_a_package_does_not_import_across_its_wall(package: str, forbidden: tuple[str, ...]) -> None:

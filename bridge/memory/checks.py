@@ -4,6 +4,8 @@ Each rule is a small function returning the rule's name when the candidate break
 rules run in the order listed in `RULE_ORDER`; the first one broken is the reason logged.
 Lengths and comparisons use the trimmed, NFKC-normalised text; what is stored is the trimmed text.
 Comparisons (duplicates, prompt copies) also drop spaces and punctuation and ignore letter case.
+A candidate equal to or containing a stored memory is "said again" (`decide`, `apply_kept`): it
+refreshes or replaces that memory instead of being rejected.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from bridge.compare import comparable, copies_run
+from bridge.memory.models import Memory
 from bridge.settings import Settings
 
 MIN_CHARS = 6
@@ -121,6 +125,13 @@ def is_duplicate(text: str, kept: Sequence[str]) -> bool:
     return False
 
 
+def is_contained(text: str, stored: Sequence[str]) -> bool:
+    """A part of a stored memory and equal to none: it says less than what is known."""
+    probe = comparable(text)
+    forms = [comparable(known) for known in stored]
+    return probe not in forms and any(probe in known for known in forms)
+
+
 Rule = Callable[[str, MemoryRules], bool]
 
 # memory.md order: the form of the text first, then its meaning, then what is already known.
@@ -136,42 +147,103 @@ RULE_ORDER: tuple[tuple[str, Rule], ...] = (
 )
 
 
-def broken_rule(candidate: object, *, kept: Sequence[str], rules: MemoryRules) -> str | None:
-    """The first rule `candidate` breaks, or None when it may be kept."""
+def broken_rule(
+    candidate: object, *, kept: Sequence[str], rules: MemoryRules, stored: Sequence[str] = ()
+) -> str | None:
+    """The first rule `candidate` breaks, or None when it may be kept.
+
+    `kept`: memories it must not equal, contain or be contained in (all, when said-again is off);
+    `stored`: memories it must only not be a part of (memory.md "Said again").
+    """
     if not isinstance(candidate, str):
         return "not_a_string"
     text = nfkc(candidate)
     for name, breaks in RULE_ORDER:
         if breaks(text, rules):
             return name
-    if is_duplicate(text, kept):
+    if is_duplicate(text, kept) or is_contained(text, stored):
         return "duplicate"
     if breaks_prompt_copy(text, rules):
         return "prompt_copy"
     return None
 
 
-def check_candidates(
-    candidates: list[object], *, kept: Sequence[str], rules: MemoryRules
-) -> tuple[list[str], list[Rejection]]:
-    """Candidates in the model's order → (texts to store, trimmed; rejections with their rule).
+@dataclass(frozen=True)
+class Kept:
+    """A candidate that passed, and what it does to the stored memories (memory.md "Said again").
 
-    `kept` holds the memories already stored; each candidate kept here joins it for the next one.
-    At most `rules.max_kept` are kept; later ones are rejected as `over_limit` without other checks.
+    `refreshes`: the stored memory it equals; that memory gets the new date and the newest place, and
+    nothing is added. `replaces`: the stored memories that are a part of it; they are removed and the
+    candidate is added. Neither: a new memory.
     """
-    accepted: list[str] = []
+
+    text: str  # trimmed
+    refreshes: str | None = None
+    replaces: tuple[str, ...] = ()
+
+
+def _said_again(text: str, stored: Sequence[str]) -> Kept:
+    probe = comparable(text)
+    for known in stored:
+        if comparable(known) == probe:
+            return Kept(text, refreshes=known)
+    return Kept(text, replaces=tuple(known for known in stored if comparable(known) in probe))
+
+
+def decide(
+    candidates: list[object], *, stored: Sequence[str], rules: MemoryRules, said_again: bool = True
+) -> tuple[list[Kept], list[Rejection]]:
+    """Candidates in the model's order → (those kept, with what each does to `stored`; rejections).
+
+    `stored` holds the memories already stored. With `said_again`, a candidate equal to or containing a
+    stored memory is kept as a refresh or a replacement; without (a shared-memory character, whose
+    memories live in the service), it is a duplicate like one contained in a stored memory. Each
+    candidate kept joins the comparison for the next as a duplicate in every direction. At most
+    `rules.max_kept` are kept (refreshes count); later ones are rejected as `over_limit` unchecked.
+    """
+    accepted: list[Kept] = []
     rejected: list[Rejection] = []
-    known = list(kept)
+    known = [] if said_again else list(stored)
     for candidate in candidates:
         if len(accepted) >= rules.max_kept:
             rejected.append(Rejection(candidate, "over_limit"))
             continue
-        rule = broken_rule(candidate, kept=known, rules=rules)
+        rule = broken_rule(candidate, kept=known, rules=rules, stored=stored if said_again else ())
         if rule is not None:
             rejected.append(Rejection(candidate, rule))
             continue
         assert isinstance(candidate, str)  # broken_rule refused every non-string
         text = candidate.strip()
-        accepted.append(text)
+        accepted.append(_said_again(text, stored) if said_again else Kept(text))
         known.append(text)
     return accepted, rejected
+
+
+def check_candidates(
+    candidates: list[object], *, kept: Sequence[str], rules: MemoryRules
+) -> tuple[list[str], list[Rejection]]:
+    """`decide` without said-again: the texts to store and the rejections (`kept`: stored memories)."""
+    accepted, rejected = decide(candidates, stored=kept, rules=rules, said_again=False)
+    return [item.text for item in accepted], rejected
+
+
+def apply_kept(
+    memories: Sequence[Memory], kept: Sequence[Kept], *, heard_at: datetime, source: str
+) -> tuple[Memory, ...]:
+    """The memory list after `kept` (in the model's order): refreshed ones and new ones at the end,
+    dated `heard_at`; replaced ones removed. A refreshed memory keeps its text and source."""
+    result = list(memories)
+    for item in kept:
+        gone = {item.refreshes} if item.refreshes is not None else set(item.replaces)
+        moved = [memory for memory in result if memory.text in gone]
+        result = [memory for memory in result if memory.text not in gone]
+        if item.refreshes is not None:
+            # The stored text may have gone meanwhile (forgotten): then it is added as told.
+            # (A new item, not model_copy: that would carry the old item's cached JSON line.)
+            result.extend(
+                [Memory(text=memory.text, heard_at=heard_at, source=memory.source) for memory in moved[-1:]]
+                or [Memory(text=item.text, heard_at=heard_at, source=source)]
+            )
+        else:
+            result.append(Memory(text=item.text, heard_at=heard_at, source=source))
+    return tuple(result)

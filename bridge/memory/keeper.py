@@ -1,10 +1,12 @@
 """The memory keeper: notes conversations, extracts them after a silence, checks, stores and recalls.
 
 Flow (memory.md): every reply is noted in the NPC's pending conversation (on disk before
-`note_exchange` returns); when nobody has talked to that NPC for `memory_silence_seconds`, one
-extraction call runs at `Priority.EXTRACTION` (replies go first), the checks decide, and the extracted
-lines are cleared. One tracked task per NPC waits for its silence and retries failed calls with capped
-exponential backoff; `run()` owns those tasks and cancels them together when it is cancelled.
+`note_exchange` returns while the disk takes writes; see `bridge.memory.store` for a failing disk);
+when nobody has talked to that NPC for `memory_silence_seconds`, one extraction call runs at
+`Priority.EXTRACTION` (replies go first), the checks decide, and the extracted lines are cleared.
+One tracked task per NPC waits for its silence and retries failed calls with capped exponential
+backoff; `run()` owns those tasks and cancels them together when it is cancelled. Each NPC's timer
+and extraction state is one `_NpcMemory`, let go when idle (`bridge.memory.active`).
 
 Choices where the spec is silent:
 - Memories are dated with the time of the last line of the conversation they came from (not the time
@@ -13,9 +15,9 @@ Choices where the spec is silent:
 - A character with `memory.extract: "inline"` keeps no pending conversation: its reply carries its
   memories (`save_inline`), so a silence extraction would only duplicate them.
 - A character with `memory.backend: "shared"` puts checked memories in its file's `outbox`; one task
-  per NPC hands them to the service in order and removes each once taken (at least once: a crash
-  between the two may send one again). Without `NPC_BRIDGE_SHARED_MEMORY_URL` such a character warns
-  once and uses its local memory file like any other.
+  per NPC hands them to the service in order and removes each once taken (`OutboxCourier`). Without
+  `NPC_BRIDGE_SHARED_MEMORY_URL` such a character warns (once while it is active) and uses its local
+  memory file like any other.
 - Duplicates of a shared character are checked against its local memories and its outbox only.
 """
 
@@ -24,36 +26,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import random
+import functools
+import time
 from collections.abc import Callable
-from datetime import datetime, tzinfo
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import structlog
 
+from bridge.backoff import Backoff
 from bridge.errors import LLMError, MemoryStoreError
 from bridge.llm.base import LLMBackend
 from bridge.llm.gate import LLMGate, Priority
-from bridge.memory.checks import MemoryRules, check_candidates
+from bridge.memory.active import IDLE_SECONDS, ActiveTable
+from bridge.memory.character import Characters
+from bridge.memory.checks import Kept, MemoryRules, decide
 from bridge.memory.extractor import EXTRACTION_DEADLINE_SECONDS, extract, extraction_instructions
-from bridge.memory.models import (
-    SOURCE_EXTRACTION,
-    SOURCE_INLINE,
-    MemoryFile,
-    OutboxItem,
-    PendingLine,
-)
-from bridge.memory.shared import RECALL_LIMIT, SHARED_SOURCE, SharedMemoryClient
+from bridge.memory.models import SOURCE_EXTRACTION, SOURCE_INLINE, OutboxItem, PendingLine
+from bridge.memory.recall import Recalled, in_zone, recall
+from bridge.memory.shared import RECALL_LIMIT, SHARED_SOURCE, OutboxCourier, SharedMemoryClient
 from bridge.memory.store import MemoryStore
-from bridge.npc.characters import Roster
-from bridge.npc.prompt import format_memory_line
 from bridge.settings import Settings
 
 log = structlog.get_logger(__name__)
 
 RETRY_BASE_SECONDS = 5.0
 RETRY_CAP_SECONDS = 600.0  # the LAN machine may sleep for hours: keep trying, every 10 minutes at most
-RETRY_JITTER = 0.1
 MAX_UNPARSEABLE_TRIES = 3
 # An NPC that never gets its silence (players queueing at the counter) must not pile up a pending
 # conversation that is rewritten on every reply and no longer fits the extraction prompt: at this
@@ -69,44 +68,29 @@ class _Outcome(enum.Enum):
     RETRY = "retry"  # they stay; try again after a backoff
 
 
-def backoff_seconds(attempt: int, *, base: float, cap: float) -> float:
-    """Exponential backoff with jitter for the `attempt`-th consecutive failure (1-based), capped."""
-    delay: float = min(cap, base * 2.0 ** min(attempt - 1, 30))
-    return min(cap, delay * random.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER))
+@dataclass(eq=False)
+class _NpcMemory:
+    """One NPC's silence timer and extraction state."""
 
+    deadline: float = 0.0  # loop time at which its silence is long enough (or its retry is due)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # set when a batch is due at once
+    backing_off: bool = False  # its last extraction failed: the deadline is a backoff
+    extracting: bool = False  # an extraction call is in flight
+    unparseable: int = 0  # answers in a row with no parseable object
+    extractor: asyncio.Task[None] | None = None
+    # Check-then-store runs one at a time per NPC, so an inline save and an extraction finishing
+    # together cannot both pass the duplicate check with the same memory.
+    keeping: asyncio.Lock = field(default_factory=asyncio.Lock)
+    warned_unconfigured: bool = False
 
-def _parse_time(value: str) -> datetime | None:
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else None
+    def postpone(self, until: float) -> None:
+        # Deadlines only move later: a touch never cuts short a retry backoff already running.
+        self.deadline = max(self.deadline, until)
 
-
-def show_lines(memory: MemoryFile, zone: tzinfo | None) -> list[str]:
-    """What `npc-bridge memory show <npc>` prints: memories numbered from 1, then pending lines."""
-    lines = [f"{memory.npc_id}: {len(memory.memories)} memories"]
-    for number, item in enumerate(memory.memories, start=1):
-        local = item.heard_at.astimezone(zone)
-        lines.append(f"{number:>3}. ({local:%Y-%m-%d %H:%M}) {item.text}  [{item.source}]")
-    if memory.outbox:
-        lines.append(f"waiting for the shared memory service: {len(memory.outbox)}")
-        for waiting in memory.outbox:
-            lines.append(f"     ({waiting.created_at.astimezone(zone):%Y-%m-%d %H:%M}) {waiting.text}")
-    lines.append(f"pending conversation: {len(memory.pending)} lines")
-    for line in memory.pending:
-        when = f"{line.at.astimezone(zone):%Y-%m-%d %H:%M}"
-        if line.is_event:
-            lines.append(f"     ({when}) npc (event): {line.npc}")
-        else:
-            lines.append(f"     ({when}) player: {line.player}")
-            lines.append(f"     {'':18} npc: {line.npc}")
-    return lines
-
-
-async def forget_by_number(store: MemoryStore, npc_id: str, number: int | None) -> int:
-    """`npc-bridge memory forget <npc> [N]`: forget memory N as `show_lines` numbers it, or all."""
-    return await store.forget(npc_id, None if number is None else number - 1)
+    def busy(self) -> bool:
+        """A timer or an extraction still runs (or a save holds the lock): never let go."""
+        running = self.extractor is not None and not self.extractor.done()
+        return running or self.extracting or self.keeping.locked()
 
 
 class MemoryKeeper:
@@ -118,13 +102,15 @@ class MemoryKeeper:
         store: MemoryStore,
         backend: LLMBackend,
         gate: LLMGate,
-        roster: Roster,
+        roster: Characters,
         settings: Settings,
         shared: SharedMemoryClient | None,
         clock: Callable[[], datetime] | None = None,
         retry_base_seconds: float = RETRY_BASE_SECONDS,
         retry_cap_seconds: float = RETRY_CAP_SECONDS,
         extraction_deadline_seconds: float = EXTRACTION_DEADLINE_SECONDS,
+        idle_seconds: float = IDLE_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._backend = backend
@@ -134,24 +120,16 @@ class MemoryKeeper:
         self._shared = shared
         self._zone = settings.zone()
         self._clock = clock or (lambda: datetime.now(self._zone).astimezone(self._zone))
-        self._retry_base = retry_base_seconds
-        self._retry_cap = retry_cap_seconds
+        self._backoff = functools.partial(Backoff, base_seconds=retry_base_seconds, cap_seconds=retry_cap_seconds)
         self._extraction_deadline = extraction_deadline_seconds
-        self._rules = MemoryRules.from_settings(
-            settings, instructions=extraction_instructions(settings.memory_subject)
+        self._rules = MemoryRules.from_settings(settings, instructions=extraction_instructions(settings.memory_subject))
+        self._npcs: ActiveTable[_NpcMemory] = ActiveTable(_NpcMemory.busy, idle_seconds=idle_seconds, clock=monotonic)
+        self._courier = (
+            OutboxCourier(store, shared, backoff=self._backoff, log_content=settings.log_content)
+            if shared is not None
+            else None
         )
-        self._deadlines: dict[str, float] = {}  # loop time at which each NPC's silence is long enough
-        self._backing_off: set[str] = set()  # NPCs whose last extraction failed: their deadline is a backoff
-        self._extracting: set[str] = set()  # NPCs with an extraction call in flight
-        self._wakes: dict[str, asyncio.Event] = {}  # set when a deadline moves earlier (a batch is due)
-        self._unparseable: dict[str, int] = {}
-        self._extractors: dict[str, asyncio.Task[None]] = {}
-        self._deliveries: dict[str, asyncio.Task[None]] = {}
         self._running = False
-        self._warned_unconfigured: set[str] = set()
-        # Check-then-store runs one at a time per NPC, so an inline save and an extraction finishing
-        # together cannot both pass the duplicate check with the same memory.
-        self._keeping: dict[str, asyncio.Lock] = {}
 
     # --- lifetime ------------------------------------------------------------------------------
 
@@ -167,27 +145,36 @@ class MemoryKeeper:
                 log.info("memory_leftover_pending", npc_ids=leftover)
             for npc_id in leftover:
                 # Quiet since the last run: extract now unless someone is already talking to it.
-                self._deadlines.setdefault(npc_id, loop.time())
-            for npc_id in list(self._deadlines):
-                self._ensure_extractor(npc_id)
-            for npc_id in await self._store.npc_ids_with_outbox():
-                self._ensure_delivery(npc_id)
+                if self._npcs.peek(npc_id) is None:
+                    self._state(npc_id).deadline = loop.time()
+            for npc_id in self._npcs:
+                if await self._store.pending(npc_id):  # noted before run(): its timer starts now
+                    self._ensure_extractor(npc_id)
+            if self._courier is not None:
+                for npc_id in await self._store.npc_ids_with_outbox():
+                    self._courier.ensure(npc_id)
             await asyncio.Event().wait()
         finally:
             self._running = False
-            tasks = [*self._extractors.values(), *self._deliveries.values()]
+            tasks = [state.extractor for state in self._npcs.values() if state.extractor is not None]
+            if self._courier is not None:
+                tasks.extend(self._courier.stop())
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def flush(self, timeout: float) -> None:  # noqa: ASYNC109 - the lead's staged-shutdown budget
-        """At shutdown: pending lines are already on disk; wait for writes still in flight."""
+    async def flush(self, timeout: float) -> None:  # noqa: ASYNC109 - the caller's staged-shutdown budget
+        """At shutdown: wait for writes in flight, or waiting for a disk that refused them."""
         await self._store.flush(timeout)
+
+    def _state(self, npc_id: str) -> _NpcMemory:
+        return self._npcs.find(npc_id) or self._npcs.add(npc_id, _NpcMemory())
 
     # --- noting --------------------------------------------------------------------------------
 
     async def note_exchange(self, npc_id: str, *, player: str, npc: str, at: datetime) -> None:
-        """Note a reply with the player line it answered; on disk when this returns."""
+        """Note a reply with the player line it answered; on disk when this returns (only in RAM,
+        written later, while the disk refuses writes)."""
         await self._note(npc_id, PendingLine(player=player, npc=npc, at=_aware(at)))
 
     async def note_event(self, npc_id: str, *, text: str, at: datetime) -> None:
@@ -196,36 +183,34 @@ class MemoryKeeper:
 
     def touch(self, npc_id: str) -> None:
         """A player talked to this NPC: its silence starts again (talk still being answered postpones it)."""
-        self._postpone(npc_id)
+        loop = asyncio.get_running_loop()
+        self._state(npc_id).postpone(loop.time() + self._settings.memory_silence_seconds)
 
     async def _note(self, npc_id: str, line: PendingLine) -> None:
         character = self._roster.get(npc_id)
         if character is not None and character.memory.extract == "inline":
             return  # its replies carry their own memories (save_inline)
-        self._postpone(npc_id)
+        self.touch(npc_id)
         await self._store.append_pending(npc_id, line)
-        self._postpone(npc_id)
+        self.touch(npc_id)
+        state = self._state(npc_id)
         pending = len(await self._store.pending(npc_id))
-        if pending >= EXTRACTION_BATCH_LINES and npc_id not in self._backing_off:
+        if pending >= EXTRACTION_BATCH_LINES and not state.backing_off:
             # A long conversation is extracted now, in batches, instead of after a silence that
             # may never come.
-            self._deadlines[npc_id] = asyncio.get_running_loop().time()
-            self._wakes.setdefault(npc_id, asyncio.Event()).set()
-        if pending > MAX_PENDING_LINES and npc_id not in self._extracting:
+            state.deadline = asyncio.get_running_loop().time()
+            state.wake.set()
+        if pending > MAX_PENDING_LINES and not state.extracting:
             # Only between extractions: one in flight clears the lines it took by count.
             await self._store.clear_pending(npc_id, pending - MAX_PENDING_LINES)
             log.warning("memory_pending_trimmed", npc=npc_id, dropped=pending - MAX_PENDING_LINES)
         self._ensure_extractor(npc_id)
 
-    def _postpone(self, npc_id: str) -> None:
-        # Deadlines only move later: a touch never cuts short a retry backoff already running.
-        until = asyncio.get_running_loop().time() + self._settings.memory_silence_seconds
-        self._deadlines[npc_id] = max(self._deadlines.get(npc_id, 0.0), until)
-
     # --- recall --------------------------------------------------------------------------------
 
-    async def recall(self, npc_id: str, *, query: str) -> list[str]:
-        """Memory lines for the reply prompt, `- (M/D) text`; [] when there are none or on failure."""
+    async def recall(self, npc_id: str, *, query: str, previous: str | None = None) -> list[Recalled]:
+        """Memories for the prompt (`recall.recall`; a shared NPC's: the service's, each "relevant"), oldest
+        first, dated in the configured zone; [] on failure. `previous`: the player's line before `query`."""
         if self._settings.memory_recall <= 0:
             return []
         shared = self._shared_for(npc_id)
@@ -236,57 +221,50 @@ class MemoryKeeper:
             except (MemoryStoreError, TimeoutError) as exc:
                 log.warning("shared_memory_recall_failed", npc=npc_id, error=type(exc).__name__)
                 return []
-            return [
-                format_memory_line(item.text, _parse_time(item.created_at), self._zone)
-                for item in found
-                if item.text.strip()
-            ]
+            items = [Recalled(item.text, _parse_time(item.created_at), "relevant") for item in found]
+            return [in_zone(item, self._zone) for item in items if item.text.strip()]
         try:
-            recent = await self._store.recent(npc_id, self._settings.memory_recall)
+            memories = await self._store.memories(npc_id)
         except MemoryStoreError as exc:
             log.error("memory_recall_failed", npc=npc_id, error=str(exc))
             return []
-        return [format_memory_line(item.text, item.heard_at, self._zone) for item in recent]
+        character, settings = self._roster.get(npc_id), self._settings
+        language = character.speech.language if character else "ja"
+        return recall(
+            memories, [query, previous or ""], limit=settings.memory_recall, recent=settings.memory_recall_recent,
+            subject=settings.memory_subject, language=language, zone=self._zone,
+        )
 
     # --- keeping -------------------------------------------------------------------------------
 
     async def save_inline(self, npc_id: str, lines: list[str], *, at: datetime) -> list[str]:
         """Memories a strong model wrote in its reply: the same checks, then stored; returns those kept."""
-        async with self._keeping.setdefault(npc_id, asyncio.Lock()):
-            texts = await self._check(npc_id, list(lines))
-            await self._store_kept(npc_id, texts, heard_at=_aware(at), source=SOURCE_INLINE, taken=0)
-        return texts
+        return await self._keep(npc_id, list(lines), heard_at=_aware(at), source=SOURCE_INLINE, taken=0)
 
-    async def _check(self, npc_id: str, candidates: list[object]) -> list[str]:
-        current = await self._store.load(npc_id)
-        known = [item.text for item in current.memories] + [item.text for item in current.outbox]
-        texts, rejections = check_candidates(candidates, kept=known, rules=self._rules)
-        for rejection in rejections:
-            log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **self._content(rejection.text))
-        return texts
-
-    async def _store_kept(
-        self, npc_id: str, texts: list[str], *, heard_at: datetime, source: str, taken: int
-    ) -> None:
-        """Store what passed the checks and clear the `taken` pending lines, in one write."""
-        shared = self._shared_for(npc_id) is not None
-        if shared:
-            items = [OutboxItem(text=text, created_at=heard_at, source=SHARED_SOURCE) for text in texts]
-            await self._store.record_extraction(npc_id, taken=taken, outbox=items)
-            if items:
-                self._ensure_delivery(npc_id)
-        else:
-            await self._store.record_extraction(
-                npc_id, taken=taken, texts=texts, heard_at=heard_at, source=source
-            )
-        for text in texts:
-            log.info(
-                "memory_kept",
-                npc=npc_id,
-                source=source,
-                backend="shared" if shared else "file",
-                **self._content(text),
-            )
+    async def _keep(
+        self, npc_id: str, candidates: list[object], *, heard_at: datetime, source: str, taken: int
+    ) -> list[str]:
+        """Check the candidates, then store those that passed and clear the `taken` pending lines in
+        one write; returns the texts kept (refreshes and replacements included)."""
+        async with self._state(npc_id).keeping:
+            current = await self._store.load(npc_id)
+            known = [item.text for item in current.memories] + [item.text for item in current.outbox]
+            shared = self._shared_for(npc_id) is not None
+            # Said again (refresh, replace) changes the memory file; a shared NPC's memories live in
+            # the service, so there a match with what it knows stays a duplicate.
+            kept, rejections = decide(candidates, stored=known, rules=self._rules, said_again=not shared)
+            for rejection in rejections:
+                log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **_content(self._settings, rejection.text))
+            if shared:
+                items = [OutboxItem(text=item.text, created_at=heard_at, source=SHARED_SOURCE) for item in kept]
+                await self._store.record_extraction(npc_id, taken=taken, outbox=items)
+                if items and self._courier is not None and self._running:
+                    self._courier.ensure(npc_id)
+            else:
+                await self._store.record_extraction(npc_id, taken=taken, kept=kept, heard_at=heard_at, source=source)
+        for item in kept:
+            _log_kept(self._settings, npc_id, item, source=source, backend="shared" if shared else "file")
+        return [item.text for item in kept]
 
     def _shared_for(self, npc_id: str) -> SharedMemoryClient | None:
         """The shared service when this NPC uses one; None: its local memory file."""
@@ -294,8 +272,9 @@ class MemoryKeeper:
         if character is None or character.memory.backend != "shared":
             return None
         if self._shared is None:
-            if npc_id not in self._warned_unconfigured:
-                self._warned_unconfigured.add(npc_id)
+            state = self._state(npc_id)
+            if not state.warned_unconfigured:
+                state.warned_unconfigured = True
                 log.warning(
                     "shared_memory_unconfigured",
                     npc=npc_id,
@@ -304,73 +283,54 @@ class MemoryKeeper:
             return None
         return self._shared
 
-    def _content(self, text: object) -> dict[str, Any]:
-        return {"text": text} if self._settings.log_content else {}
-
     # --- the silence timer and the extraction ----------------------------------------------------
 
     def _ensure_extractor(self, npc_id: str) -> None:
         if not self._running:
             return  # run() starts it; the pending lines wait on disk meanwhile
-        task = self._extractors.get(npc_id)
-        if task is None or task.done():
-            self._extractors[npc_id] = asyncio.create_task(
-                self._extractor(npc_id), name=f"memory-extract-{npc_id}"
-            )
+        state = self._state(npc_id)
+        if state.extractor is None or state.extractor.done():
+            state.extractor = asyncio.create_task(self._extractor(npc_id, state), name=f"memory-extract-{npc_id}")
 
-    async def _extractor(self, npc_id: str) -> None:
+    async def _extractor(self, npc_id: str, state: _NpcMemory) -> None:
         loop = asyncio.get_running_loop()
-        failures = 0
-        try:
-            while True:
-                await self._silence(npc_id)
-                try:
-                    outcome = await self._extract_once(npc_id)
-                except (LLMError, TimeoutError, MemoryStoreError) as exc:
-                    log.warning(
-                        "memory_extraction_failed",
-                        npc=npc_id,
-                        error=type(exc).__name__,
-                        detail=str(exc)[:200],
-                        attempt=failures + 1,
-                    )
-                    outcome = _Outcome.RETRY
-                except Exception:  # a bug: logged with its traceback, and the lines stay for a later try
-                    log.exception("memory_extraction_crashed", npc=npc_id)
-                    outcome = _Outcome.RETRY
-                if outcome is _Outcome.RETRY:
-                    self._backing_off.add(npc_id)
-                    failures += 1
-                    delay = backoff_seconds(failures, base=self._retry_base, cap=self._retry_cap)
-                    self._deadlines[npc_id] = max(self._deadlines.get(npc_id, 0.0), loop.time() + delay)
-                    log.info("memory_extraction_retry", npc=npc_id, in_seconds=round(delay, 1))
-                    continue
-                failures = 0
-                self._backing_off.discard(npc_id)
-                # No await between this check and leaving: a line noted later starts a new task.
-                if not await self._store.pending(npc_id):
-                    return
-        finally:
-            if self._extractors.get(npc_id) is asyncio.current_task():
-                del self._extractors[npc_id]
+        backoff = self._backoff()
+        while True:
+            # Deadlines move later (more talk), or to now when a batch is due (which sets the wake).
+            while (remaining := state.deadline - loop.time()) > 0:
+                state.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.wake.wait(), remaining)
+            try:
+                state.extracting = True
+                outcome = await self._extract_batch(npc_id, state)
+            except (LLMError, TimeoutError, MemoryStoreError) as exc:
+                log.warning(
+                    "memory_extraction_failed",
+                    npc=npc_id,
+                    error=type(exc).__name__,
+                    detail=str(exc)[:200],
+                    attempt=backoff.attempt + 1,
+                )
+                outcome = _Outcome.RETRY
+            except Exception:  # a bug: logged with its traceback, and the lines stay for a later try
+                log.exception("memory_extraction_crashed", npc=npc_id)
+                outcome = _Outcome.RETRY
+            finally:
+                state.extracting = False
+            if outcome is _Outcome.RETRY:
+                state.backing_off = True
+                delay = backoff.next_delay()
+                state.postpone(loop.time() + delay)
+                log.info("memory_extraction_retry", npc=npc_id, in_seconds=round(delay, 1))
+                continue
+            backoff.reset()
+            state.backing_off = False
+            # No await between this check and leaving: a line noted later starts a new task.
+            if not await self._store.pending(npc_id):
+                return
 
-    async def _silence(self, npc_id: str) -> None:
-        loop = asyncio.get_running_loop()
-        # Deadlines move later (more talk), or to now when a batch is due (which sets the wake).
-        wake = self._wakes.setdefault(npc_id, asyncio.Event())
-        while (remaining := self._deadlines.get(npc_id, 0.0) - loop.time()) > 0:
-            wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), remaining)
-
-    async def _extract_once(self, npc_id: str) -> _Outcome:
-        self._extracting.add(npc_id)
-        try:
-            return await self._extract_batch(npc_id)
-        finally:
-            self._extracting.discard(npc_id)
-
-    async def _extract_batch(self, npc_id: str) -> _Outcome:
+    async def _extract_batch(self, npc_id: str, state: _NpcMemory) -> _Outcome:
         """One extraction call over the oldest pending lines (at most EXTRACTION_BATCH_LINES)."""
         lines = (await self._store.pending(npc_id))[:EXTRACTION_BATCH_LINES]
         if not lines:
@@ -392,68 +352,42 @@ class MemoryKeeper:
                 deadline_seconds=self._extraction_deadline,
             )
         if candidates is None:
-            tries = self._unparseable[npc_id] = self._unparseable.get(npc_id, 0) + 1
-            if tries < MAX_UNPARSEABLE_TRIES:
-                log.warning("memory_extraction_unparseable", npc=npc_id, tries=tries)
+            state.unparseable += 1
+            if state.unparseable < MAX_UNPARSEABLE_TRIES:
+                log.warning("memory_extraction_unparseable", npc=npc_id, tries=state.unparseable)
                 return _Outcome.RETRY
             await self._store.clear_pending(npc_id, taken)
-            self._unparseable.pop(npc_id, None)
             log.warning(
-                "memory_pending_dropped", npc=npc_id, lines=taken, tries=tries, reason="unparseable"
+                "memory_pending_dropped", npc=npc_id, lines=taken, tries=state.unparseable, reason="unparseable"
             )
+            state.unparseable = 0
             return _Outcome.DONE
-        self._unparseable.pop(npc_id, None)
-        async with self._keeping.setdefault(npc_id, asyncio.Lock()):
-            kept = await self._check(npc_id, candidates)
-            await self._store_kept(npc_id, kept, heard_at=heard_at, source=SOURCE_EXTRACTION, taken=taken)
+        state.unparseable = 0
+        kept = await self._keep(npc_id, candidates, heard_at=heard_at, source=SOURCE_EXTRACTION, taken=taken)
         log.info("memory_extracted", npc=npc_id, lines=taken, candidates=len(candidates), kept=len(kept))
         return _Outcome.DONE
 
-    # --- the shared service's outbox -----------------------------------------------------------
 
-    def _ensure_delivery(self, npc_id: str) -> None:
-        if not self._running or self._shared is None:
-            return
-        task = self._deliveries.get(npc_id)
-        if task is None or task.done():
-            self._deliveries[npc_id] = asyncio.create_task(
-                self._deliver(npc_id, self._shared), name=f"memory-deliver-{npc_id}"
-            )
+def _log_kept(settings: Settings, npc_id: str, item: Kept, *, source: str, backend: str) -> None:
+    if item.refreshes is not None:
+        log.info("memory_refreshed", npc=npc_id, source=source, **_content(settings, item.refreshes))
+    for old in item.replaces:
+        both = {"text": item.text, "replaced": old} if settings.log_content else {}
+        log.info("memory_replaced", npc=npc_id, source=source, **both)
+    if item.refreshes is None and not item.replaces:
+        log.info("memory_kept", npc=npc_id, source=source, backend=backend, **_content(settings, item.text))
 
-    async def _deliver(self, npc_id: str, shared: SharedMemoryClient) -> None:
-        failures = 0
-        try:
-            while True:
-                # No await between this check and leaving: a memory queued later starts a new task.
-                waiting = await self._store.outbox(npc_id)
-                if not waiting:
-                    return
-                first = waiting[0]
-                try:
-                    await shared.save(first.text, first.created_at, first.source)
-                except Exception as exc:
-                    failures += 1
-                    delay = backoff_seconds(failures, base=self._retry_base, cap=self._retry_cap)
-                    if isinstance(exc, MemoryStoreError):
-                        log.warning(
-                            "shared_memory_save_failed",
-                            npc=npc_id,
-                            error=type(exc).__name__,
-                            detail=str(exc)[:200],
-                            waiting=len(waiting),
-                            retry_in_seconds=round(delay, 1),
-                        )
-                    else:  # a bug: logged with its traceback; the memory stays queued
-                        log.exception("shared_memory_save_crashed", npc=npc_id)
-                    await asyncio.sleep(delay)
-                    continue
-                # Only this task removes from the outbox, and only from its head: that is `first`.
-                await self._store.remove_outbox(npc_id, 1)
-                failures = 0
-                log.info("shared_memory_saved", npc=npc_id, **self._content(first.text))
-        finally:
-            if self._deliveries.get(npc_id) is asyncio.current_task():
-                del self._deliveries[npc_id]
+
+def _parse_time(value: str) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def _content(settings: Settings, text: object) -> dict[str, Any]:
+    return {"text": text} if settings.log_content else {}
 
 
 def _aware(moment: datetime) -> datetime:

@@ -96,3 +96,33 @@ class MemoryFile(_Model):
     @classmethod
     def empty(cls, npc_id: str) -> MemoryFile:
         return cls(npc_id=npc_id)
+
+
+def render(content: MemoryFile) -> str:
+    """The file's text: one key a line, and one list item (a memory, a pending line) a line.
+
+    As readable as `indent=2` for a person who opens the file, and cheap to rewrite: each item's line
+    is serialised once and kept with it (`json.dumps(..., indent=2)` of the whole file ran the
+    pure-Python encoder, ~1.7 ms of the event loop per write with a full pending conversation).
+    `outbox` is written only while it holds something.
+    """
+    fields: list[tuple[str, str | tuple[str, ...]]] = [
+        ("version", json.dumps(content.version)),
+        ("npc_id", json.dumps(content.npc_id, ensure_ascii=False)),
+        ("memories", tuple(item.json_line for item in content.memories)),
+        ("pending", tuple(item.json_line for item in content.pending)),
+    ]
+    if content.outbox:
+        fields.append(("outbox", tuple(item.json_line for item in content.outbox)))
+    lines = ["{"]
+    for number, (key, value) in enumerate(fields):
+        comma = "," if number < len(fields) - 1 else ""
+        if isinstance(value, str):
+            lines.append(f'  "{key}": {value}{comma}')
+        elif value:
+            items = ",\n".join(f"    {item}" for item in value)
+            lines.append(f'  "{key}": [\n{items}\n  ]{comma}')
+        else:
+            lines.append(f'  "{key}": []{comma}')
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,12 +1,16 @@
 """Client of the shared long-term memory service on the LAN (memory.md "Shared memory").
 
-Only the transport lives here. Memories waiting for the service are kept by the keeper in the
-character's own memory file (its `outbox` list, see `bridge.memory.models`), removed once the service
-took them, and retried with backoff while it is down.
+The transport (`SharedMemoryClient`) and the courier of the outbox (`OutboxCourier`): memories
+waiting for the service are kept in the character's own memory file (its `outbox` list, see
+`bridge.memory.models`), handed over in order by one task per NPC, removed once the service took
+them (at least once: a crash between the two may send one again), and retried with backoff while it
+is down.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -14,8 +18,10 @@ import httpx
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from bridge.backoff import Backoff
 from bridge.errors import MemoryStoreError, SharedMemoryUnavailable
 from bridge.memory.models import iso_seconds
+from bridge.memory.store import MemoryStore
 
 log = structlog.get_logger(__name__)
 
@@ -84,3 +90,67 @@ class SharedMemoryClient:
             return response.json()
         except ValueError:
             raise MemoryStoreError(f"shared memory service {path}: answer is not JSON") from None
+
+
+class OutboxCourier:
+    """One task per NPC with an outbox: hands its memories to the service, oldest first."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        shared: SharedMemoryClient,
+        *,
+        backoff: Callable[[], Backoff],
+        log_content: bool,
+    ) -> None:
+        self._store = store
+        self._shared = shared
+        self._backoff = backoff
+        self._log_content = log_content
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # only while an outbox holds something
+
+    def ensure(self, npc_id: str) -> None:
+        """Deliver this NPC's outbox unless a task already does."""
+        task = self._tasks.get(npc_id)
+        if task is None or task.done():
+            self._tasks[npc_id] = asyncio.create_task(self._deliver(npc_id), name=f"memory-deliver-{npc_id}")
+
+    def stop(self) -> list[asyncio.Task[None]]:
+        """The running tasks, for the caller to cancel and await; the outboxes stay on disk."""
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        return tasks
+
+    async def _deliver(self, npc_id: str) -> None:
+        backoff = self._backoff()
+        try:
+            while True:
+                # No await between this check and leaving: a memory queued later starts a new task.
+                waiting = await self._store.outbox(npc_id)
+                if not waiting:
+                    return
+                first = waiting[0]
+                try:
+                    await self._shared.save(first.text, first.created_at, first.source)
+                except Exception as exc:
+                    delay = backoff.next_delay()
+                    if isinstance(exc, MemoryStoreError):
+                        log.warning(
+                            "shared_memory_save_failed",
+                            npc=npc_id,
+                            error=type(exc).__name__,
+                            detail=str(exc)[:200],
+                            waiting=len(waiting),
+                            retry_in_seconds=round(delay, 1),
+                        )
+                    else:  # a bug: logged with its traceback; the memory stays queued
+                        log.exception("shared_memory_save_crashed", npc=npc_id)
+                    await asyncio.sleep(delay)
+                    continue
+                # Only this task removes from the outbox, and only from its head: that is `first`.
+                await self._store.remove_outbox(npc_id, 1)
+                backoff.reset()
+                log.info("shared_memory_saved", npc=npc_id, **({"text": first.text} if self._log_content else {}))
+        finally:
+            if self._tasks.get(npc_id) is asyncio.current_task():
+                del self._tasks[npc_id]

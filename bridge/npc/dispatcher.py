@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -20,6 +20,7 @@ import structlog
 
 from bridge.llm.gate import LLMGate, Priority
 from bridge.memory.keeper import RECALL_TIMEOUT_SECONDS
+from bridge.memory.recall import Recalled, recall_fields
 from bridge.npc.characters import Character, Roster
 from bridge.npc.conversation import Conversations
 from bridge.npc.prompt import Exchange, sanitize_player_text
@@ -45,7 +46,7 @@ class Memory(Protocol):
 
     def touch(self, npc_id: str) -> None: ...
 
-    async def recall(self, npc_id: str, *, query: str) -> list[str]: ...
+    async def recall(self, npc_id: str, *, query: str, previous: str | None = None) -> Sequence[Recalled]: ...
 
     async def note_exchange(self, npc_id: str, *, player: str, npc: str, at: datetime) -> None: ...
 
@@ -61,6 +62,7 @@ class _Line:
     received: float  # event-loop time
     dropped: bool = False
     sent: bool = False  # its request went to the LLM: it will be answered
+    recalled: Sequence[Recalled] = ()  # the memories its prompt holds, for the reply's log line
 
 
 @dataclass(eq=False)
@@ -252,19 +254,20 @@ class Dispatcher:
 
     async def _context(self, character: Character, line: _Line) -> ReplyContext:
         talk = line.talk
+        history = self._conversations.history(talk.npc_id, talk.player_id)
+        previous = history[-1].player if history else None
         try:
             async with asyncio.timeout(RECALL_TIMEOUT_SECONDS):
-                memories = await self._memory.recall(talk.npc_id, query=line.text)
+                line.recalled = await self._memory.recall(talk.npc_id, query=line.text, previous=previous)
         except Exception as exc:  # noqa: BLE001 - a reply goes on without memories
             log.warning("recall_failed", error_type=type(exc).__name__)
-            memories = []
         return ReplyContext(
             character=character,
             player_line=line.text,
             player_name=talk.player_name,
             world_lines=self._conversations.world_lines(talk.npc_id, talk.player_id),
-            memories=memories,
-            history=self._conversations.history(talk.npc_id, talk.player_id),
+            memories=line.recalled,
+            history=history,
             last_said=self._conversations.last_said(talk.npc_id, talk.player_id),
         )
 
@@ -303,6 +306,7 @@ class Dispatcher:
             failed_rules=reply.failed_rules or None,
             error=reply.error,
             chars=len(reply.text),
+            **recall_fields(line.recalled, log_content=self._log_content),
             player_text=line.text if self._log_content else None,
             npc_text=reply.text if self._log_content else None,
         )

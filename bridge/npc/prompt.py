@@ -25,9 +25,10 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import datetime
 
 from bridge.llm.base import ChatMessage
+from bridge.memory.recall import Recalled
 from bridge.npc.characters import Character
 
 PLAYER_TEXT_MAX_CHARS = 200
@@ -145,20 +146,15 @@ class Exchange:
     npc: str
 
 
-def format_memory_lines(memories: Sequence[tuple[str, datetime]], zone: tzinfo | None) -> list[str]:
-    """`- (M/D) text` for each (text, heard_at), the date in `zone` (None: the system's local zone).
+def format_memory_line(text: str, heard_at: datetime | None) -> str:
+    """`- (M/D) text`: the date lets the model place "来週" in time; `- text` when the date is unknown.
 
-    A naive `heard_at` is taken as already in the wanted zone.
+    The date is `heard_at`'s own month and day: the caller gives it in the zone to show (the keeper
+    gives the configured zone). The text is sanitised like player text: a memory file or a shared
+    service is not trusted to hold only what the checks let through.
     """
-    return [format_memory_line(text, heard_at, zone) for text, heard_at in memories]
-
-
-def format_memory_line(text: str, heard_at: datetime | None, zone: tzinfo | None) -> str:
-    """`- (M/D) text`, the date lets the model place "来週" in time; `- text` when the date is unknown."""
-    if heard_at is None:
-        return f"- {_one_line(text)}"
-    local = heard_at if heard_at.tzinfo is None else heard_at.astimezone(zone)
-    return f"- ({local.month}/{local.day}) {_one_line(text)}"
+    line = sanitize_player_text(_one_line(text))
+    return f"- {line}" if heard_at is None else f"- ({heard_at.month}/{heard_at.day}) {line}"
 
 
 def estimate_tokens(text: str) -> int:
@@ -167,17 +163,22 @@ def estimate_tokens(text: str) -> int:
     return (len(text) - ascii_chars) + math.ceil(ascii_chars / 4)
 
 
-def _memory_messages(memories: Sequence[str]) -> list[ChatMessage]:
+def _memory_messages(memories: Sequence[Recalled]) -> list[ChatMessage]:
     if not memories:
         return []
-    lines = []
-    for memory in memories:
-        line = sanitize_player_text(memory)
-        lines.append(line if line.startswith("- ") else f"- {line}")
+    lines = [format_memory_line(memory.text, memory.heard_at) for memory in memories]
     return [
         ChatMessage("user", "\n".join([MEMORY_HEADING, *lines])),
         ChatMessage("assistant", MEMORY_ACK),
     ]
+
+
+def _drop_order(memories: Sequence[Recalled]) -> list[Recalled]:
+    """Which memory goes first when the context is short: the recent ones, oldest first (the place
+    fillers, then the newest few), then the relevant ones, lowest score first: what the line is
+    about stays longest."""
+    ranked = sorted(enumerate(memories), key=lambda pair: (pair[1].why == "relevant", pair[1].score, pair[0]))
+    return [memory for _, memory in ranked]
 
 
 def _history_messages(history: Sequence[Exchange]) -> list[ChatMessage]:
@@ -204,7 +205,7 @@ def build_reply_messages(
     *,
     max_sentences: int,
     world_lines: Sequence[str],
-    memories: Sequence[str],
+    memories: Sequence[Recalled],
     history: Sequence[Exchange],
     player_line: str,
     hint: str | None = None,
@@ -214,11 +215,12 @@ def build_reply_messages(
 ) -> tuple[ChatMessage, ...]:
     """The messages of one reply call (layout in the module docstring).
 
-    `memories`: lines from `format_memory_lines`, oldest first (a line without `- ` gets one).
+    `memories`: as recalled (`MemoryKeeper.recall`), oldest first; each becomes a `- (M/D) text` line.
     `history`: past exchanges with this player, oldest first; only the newest 6 are used.
     With `context_tokens`, the estimate must stay within `context_tokens - max_reply_tokens`:
-    memories are dropped first (oldest first), then history one exchange at a time (oldest first);
-    the system message and the player's line are always kept, even if they alone do not fit.
+    memories are dropped first, then history one exchange at a time (oldest first); the system
+    message and the player's line are always kept, even if they alone do not fit. Memories go in
+    `_drop_order`: those recalled as recent before those relevant to the line.
     """
     system = ChatMessage(
         "system",
@@ -228,6 +230,7 @@ def build_reply_messages(
     )
     player = _player_message(player_line, hint)
     kept_memories = list(memories)
+    drop = _drop_order(memories)
     kept_history = list(history)[-(MAX_HISTORY_LINES // 2) :]
 
     def assemble() -> tuple[ChatMessage, ...]:
@@ -239,7 +242,7 @@ def build_reply_messages(
     budget = context_tokens - max_reply_tokens
     while _tokens(messages) > budget and (kept_memories or kept_history):
         if kept_memories:
-            kept_memories.pop(0)
+            kept_memories.remove(drop.pop(0))
         else:
             kept_history.pop(0)
         messages = assemble()

@@ -12,6 +12,7 @@ import structlog
 
 from bridge.errors import LLMError
 from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest, GenerationStats, LLMBackend
+from bridge.memory.recall import Recalled
 from bridge.npc.characters import Character, Roster
 from bridge.npc.checks import check_reply, regeneration_hint
 from bridge.npc.cleaner import OtherSpeakers, clean, has_enough, split_inline_memory
@@ -37,7 +38,7 @@ class ReplyContext:
     player_line: str  # already sanitised (prompt.sanitize_player_text)
     player_name: str
     world_lines: Sequence[str] = ()
-    memories: Sequence[str] = ()
+    memories: Sequence[Recalled] = ()
     history: Sequence[Exchange] = ()
     last_said: str | None = None
 

@@ -16,6 +16,7 @@ from bridge.memory.keeper import MemoryKeeper
 from bridge.memory.shared import SharedMemoryClient
 from bridge.memory.store import MemoryStore
 from bridge.npc.characters import Character, Roster
+from bridge.npc.prompt import format_memory_line
 from bridge.settings import Settings
 
 SILENCE_SECONDS = 0.3
@@ -106,3 +107,9 @@ def read_file(tmp_path: Path, npc_id: str) -> dict[str, Any]:
         return {"memories": [], "pending": []}
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data
+
+
+async def recalled_lines(keeper: MemoryKeeper, npc_id: str, query: str, previous: str | None = None) -> list[str]:
+    """What the prompt shows of a recall: `- (M/D) text` lines, oldest first."""
+    recalled = await keeper.recall(npc_id, query=query, previous=previous)
+    return [format_memory_line(item.text, item.heard_at) for item in recalled]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -12,11 +13,11 @@ from structlog.testing import capture_logs
 
 from bridge.llm.gate import LLMGate, Priority
 from bridge.llm.ollama import OllamaBackend
-from bridge.memory.keeper import forget_by_number, show_lines
+from bridge.memory.cli import forget_by_number, show_lines
 from bridge.memory.models import Memory, MemoryFile, PendingLine
 from bridge.memory.store import MemoryStore, render
 from tests.fakes.llm_servers import Answer, Error, FakeOllama
-from tests.memory.helpers import FAST_RETRY, eventually, make_keeper, read_file, running
+from tests.memory.helpers import FAST_RETRY, eventually, make_keeper, read_file, recalled_lines, running
 
 JST = timezone(timedelta(hours=9))
 AT = datetime(2026, 9, 29, 21, 12, 40, tzinfo=JST)
@@ -236,16 +237,28 @@ async def test_replies_go_before_an_extraction(tmp_path: Path, ollama: FakeOllam
         await ollama.wait_for_requests(1)
 
 
+@pytest.mark.parametrize("fsync_delay", [0.0, 0.05], ids=["disk", "slow-disk"])
 async def test_memories_told_to_one_npc_never_reach_another(
-    tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend
+    tmp_path: Path, ollama: FakeOllama, backend: OllamaBackend, monkeypatch: pytest.MonkeyPatch, fsync_delay: float
 ) -> None:
+    # With a slow folder fsync the file is on disk well before the write returns: what is seen on
+    # disk must already be what recall gives (it once read a store that took a change only after).
+    import bridge.memory.store as store_module
+
+    real_fsync_dir = store_module._fsync_dir
+
+    def slow_fsync_dir(directory: Path) -> None:
+        real_fsync_dir(directory)
+        time.sleep(fsync_delay)
+
+    monkeypatch.setattr(store_module, "_fsync_dir", slow_fsync_dir)
     ollama.script(TEA)
     async with running(make_keeper(tmp_path, backend)) as keeper:
         await keeper.note_exchange("cafe-minori", player="ここの紅茶がすきなんだよ", npc="はい。", at=AT)
         await eventually(lambda: bool(read_file(tmp_path, "cafe-minori")["memories"]))
-        assert await keeper.recall("cafe-minori", query="紅茶") == ["- (9/29) ユーザーは紅茶が好き"]
-        assert await keeper.recall("ryokan-fumi", query="紅茶") == []
-        assert await keeper.recall("cinema-aoi", query="紅茶") == []
+        assert await recalled_lines(keeper, "cafe-minori", "紅茶") == ["- (9/29) ユーザーは紅茶が好き"]
+        assert await recalled_lines(keeper, "ryokan-fumi", "紅茶") == []
+        assert await recalled_lines(keeper, "cinema-aoi", "紅茶") == []
     assert not (tmp_path / "ryokan-fumi.json").exists()
 
 
@@ -257,7 +270,7 @@ async def test_recall_dates_memories_in_the_configured_zone(
     store = MemoryStore(tmp_path, limit=60)
     await store.add_memories("cafe-minori", ["ユーザーは来週の土曜にキャンプに行く"], late_evening_utc, "extraction")
     keeper = make_keeper(tmp_path, backend, timezone=zone)
-    assert await keeper.recall("cafe-minori", query="") == [f"- {shown} ユーザーは来週の土曜にキャンプに行く"]
+    assert await recalled_lines(keeper, "cafe-minori", "") == [f"- {shown} ユーザーは来週の土曜にキャンプに行く"]
 
 
 async def test_recall_gives_the_newest_configured_number_oldest_first(tmp_path: Path, backend: OllamaBackend) -> None:
@@ -265,12 +278,12 @@ async def test_recall_gives_the_newest_configured_number_oldest_first(tmp_path: 
     for day in range(1, 6):
         await store.add_memories("cafe-minori", [f"ユーザーの記憶その{day}"], AT.replace(day=day), "extraction")
     keeper = make_keeper(tmp_path, backend, memory_recall=3)
-    assert await keeper.recall("cafe-minori", query="") == [
+    assert await recalled_lines(keeper, "cafe-minori", "") == [
         "- (9/3) ユーザーの記憶その3",
         "- (9/4) ユーザーの記憶その4",
         "- (9/5) ユーザーの記憶その5",
     ]
-    assert await make_keeper(tmp_path, backend, memory_recall=0).recall("cafe-minori", query="") == []
+    assert await recalled_lines(make_keeper(tmp_path, backend, memory_recall=0), "cafe-minori", "") == []
 
 
 async def test_inline_memories_are_checked_and_stored(tmp_path: Path, backend: OllamaBackend) -> None:

@@ -15,7 +15,7 @@ from bridge.memory.models import MemoryFile, OutboxItem
 from bridge.memory.shared import SHARED_SOURCE, SharedMemoryClient
 from bridge.memory.store import render
 from tests.fakes.llm_servers import FakeOllama
-from tests.memory.helpers import FAST_RETRY, eventually, make_keeper, read_file, running
+from tests.memory.helpers import FAST_RETRY, eventually, make_keeper, read_file, recalled_lines, running
 from tests.memory.memory_service import FakeMemoryService
 
 JST = timezone(timedelta(hours=9))
@@ -79,10 +79,10 @@ async def test_a_shared_character_recalls_from_the_service(
 ) -> None:
     service.stored.append({"text": "ユーザーは紅茶が好き", "created_at": "2026-09-20T23:30:00+00:00", "source": "app"})
     keeper = make_keeper(tmp_path, backend, shared=client)
-    assert await keeper.recall("haruno", query="紅茶のむ？") == ["- (9/21) ユーザーは紅茶が好き"]
+    assert await recalled_lines(keeper, "haruno", "紅茶のむ？") == ["- (9/21) ユーザーは紅茶が好き"]
     assert service.recall_bodies == [{"query": "紅茶のむ？", "limit": 5}]
     # A file-backend character never asks the service.
-    assert await keeper.recall("cafe-minori", query="紅茶") == []
+    assert await recalled_lines(keeper, "cafe-minori", "紅茶") == []
     assert len(service.recall_bodies) == 1
 
 
@@ -93,7 +93,7 @@ async def test_while_the_service_is_down_recall_is_empty_and_saves_wait_on_disk(
     await service.stop()
     with capture_logs() as logs:
         async with running(make_keeper(tmp_path, backend, shared=client)) as keeper:
-            assert await keeper.recall("haruno", query="紅茶") == []
+            assert await recalled_lines(keeper, "haruno", "紅茶") == []
             kept = await keeper.save_inline("haruno", ["ユーザーは来週から新しい仕事を始める"], at=AT)
             assert kept == ["ユーザーは来週から新しい仕事を始める"]
             await eventually(lambda: any(e["event"] == "shared_memory_save_failed" for e in logs))
@@ -149,6 +149,6 @@ async def test_without_a_service_url_a_shared_character_warns_once_and_uses_its_
     with capture_logs() as logs:
         await keeper.save_inline("haruno", ["ユーザーは紅茶が好き"], at=AT)
         await keeper.save_inline("haruno", ["ユーザーは猫を飼っている"], at=AT)
-        recalled = await keeper.recall("haruno", query="紅茶")
+        recalled = await recalled_lines(keeper, "haruno", "紅茶")
     assert recalled == ["- (9/29) ユーザーは紅茶が好き", "- (9/29) ユーザーは猫を飼っている"]
     assert [e["event"] for e in logs].count("shared_memory_unconfigured") == 1

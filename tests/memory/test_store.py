@@ -150,13 +150,6 @@ async def test_clear_pending_keeps_lines_noted_after_the_extraction_began(tmp_pa
     assert await MemoryStore(tmp_path, limit=60).pending("cafe-minori") == (line(3),)
 
 
-async def test_recent_gives_the_newest_oldest_first(tmp_path: Path) -> None:
-    store = MemoryStore(tmp_path, limit=60)
-    await store.add_memories("cafe-minori", [f"ユーザーの記憶{n}" for n in range(5)], AT, "extraction")
-    assert [m.text for m in await store.recent("cafe-minori", 2)] == ["ユーザーの記憶3", "ユーザーの記憶4"]
-    assert await store.recent("cafe-minori", 0) == ()
-
-
 async def test_forget_one_or_all(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path, limit=60)
     await store.add_memories("cafe-minori", ["ユーザーの記憶0", "ユーザーの記憶1", "ユーザーの記憶2"], AT, "extraction")
@@ -198,7 +191,9 @@ async def test_times_keep_their_offset(tmp_path: Path) -> None:
     assert data["memories"][0]["heard_at"] == "2026-09-29T12:00:00+00:00"
 
 
-async def test_reading_does_not_wait_for_a_write_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_read_during_a_slow_write_sees_the_change_without_waiting_for_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import bridge.memory.store as store_module
 
     store = MemoryStore(tmp_path, limit=60)
@@ -215,14 +210,16 @@ async def test_reading_does_not_wait_for_a_write_in_flight(tmp_path: Path, monke
     monkeypatch.setattr(store_module, "_fsync_dir", slow_fsync_dir)
     writing = asyncio.create_task(store.append_pending("cafe-minori", PendingLine(player="二", npc="はい。", at=AT)))
     await asyncio.sleep(0.05)
-    assert not writing.done()
+    assert not writing.done()  # the caller of a change waits for the disk
     try:
-        seen = await asyncio.wait_for(store.pending("cafe-minori"), 0.5)
+        seen = await asyncio.wait_for(store.pending("cafe-minori"), 0.5)  # a read does not
     finally:
         slow.set()
-    assert [line.player for line in seen] == ["一"]  # the file as last written
+    # Whatever is on disk (or about to be) is already what a read sees: a test (or the daemon) that
+    # sees a line in the file never reads an older memory from the store.
+    assert [line.player for line in seen] == ["一", "二"]
     await writing
-    assert [line.player for line in await store.pending("cafe-minori")] == ["一", "二"]
+    assert [p["player"] for p in json.loads((tmp_path / "cafe-minori.json").read_text())["pending"]] == ["一", "二"]
 
 
 def test_the_file_is_one_item_a_line_and_round_trips() -> None:
@@ -243,12 +240,12 @@ def test_the_file_is_one_item_a_line_and_round_trips() -> None:
     assert text.endswith("}\n")
 
 
-async def test_a_failed_write_leaves_file_cache_and_folder_as_they_were(
+async def test_a_failed_write_of_a_memory_command_leaves_file_memory_and_folder_as_they_were(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import bridge.memory.store as store_module
 
-    store = MemoryStore(tmp_path, limit=60)
+    store = MemoryStore(tmp_path, limit=60, keep_unwritten=False)  # as `npc-bridge memory ...` makes it
     await store.append_pending("cafe-minori", PendingLine(player="一", npc="はい。", at=AT))
     before = (tmp_path / "cafe-minori.json").read_bytes()
 
@@ -262,3 +259,64 @@ async def test_a_failed_write_leaves_file_cache_and_folder_as_they_were(
     assert files_in(tmp_path) == ["cafe-minori.json"]  # the temporary file is gone
     assert (tmp_path / "cafe-minori.json").read_bytes() == before
     assert [line.player for line in await store.pending("cafe-minori")] == ["一"]
+
+
+async def test_the_daemons_store_keeps_what_the_disk_refused_and_writes_it_once_it_takes_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.memory.store as store_module
+
+    store = MemoryStore(tmp_path, limit=60, retry_base_seconds=0.02)
+    await store.append_pending("cafe-minori", PendingLine(player="一", npc="はい。", at=AT))
+    real_replace = store_module.os.replace
+    refusing = True
+
+    def full_disk(src: str, dst: str) -> None:
+        if refusing:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(store_module.os, "replace", full_disk)
+    with capture_logs() as logs:
+        for word in ("二", "三", "四"):  # the caller goes on: nothing raised, nothing waited for
+            noted = store.append_pending("cafe-minori", PendingLine(player=word, npc="はい。", at=AT))
+            await asyncio.wait_for(noted, 1)
+        assert [line.player for line in await store.pending("cafe-minori")] == ["一", "二", "三", "四"]
+        await asyncio.sleep(0.2)  # several retries fail meanwhile
+        assert files_in(tmp_path) == ["cafe-minori.json"]  # never a temporary file left behind
+        assert [p["player"] for p in json.loads((tmp_path / "cafe-minori.json").read_text())["pending"]] == ["一"]
+        refusing = False
+        assert await store.flush(5.0)
+    on_disk = json.loads((tmp_path / "cafe-minori.json").read_text())["pending"]
+    assert [p["player"] for p in on_disk] == ["一", "二", "三", "四"]
+    assert files_in(tmp_path) == ["cafe-minori.json"]
+    events = [entry["event"] for entry in logs]
+    assert events.count("memory_write_failed") == 1  # one warning a minute, not one per line or retry
+    assert events.count("memory_write_recovered") == 1
+
+
+async def test_flush_tries_a_refused_write_again_at_once_and_names_what_stays_unwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.memory.store as store_module
+
+    store = MemoryStore(tmp_path, limit=60, retry_base_seconds=20.0)  # a backoff longer than the test
+    real_replace = store_module.os.replace
+    refusing = True
+
+    def full_disk(src: str, dst: str) -> None:
+        if refusing:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(store_module.os, "replace", full_disk)
+    await store.append_pending("cafe-minori", PendingLine(player="一", npc="はい。", at=AT))
+    await asyncio.sleep(0.05)  # the writer has failed and waits out its backoff
+    with capture_logs() as logs:
+        assert not await store.flush(0.2)  # shutdown on a full disk: what is lost is named
+    assert [(e["event"], e["npc_ids"]) for e in logs if e["event"] == "memory_flush_timeout"] == [
+        ("memory_flush_timeout", ["cafe-minori"])
+    ]
+    refusing = False
+    assert await store.flush(2.0)  # room again: written now, not after the 20 s backoff
+    assert [p["player"] for p in json.loads((tmp_path / "cafe-minori.json").read_text())["pending"]] == ["一"]

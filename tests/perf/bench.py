@@ -1,5 +1,5 @@
 """Issue 6's benchmark: bridge overhead, time to say, prompt prefix reuse, footprint (prints tables, writes JSON);
-part 5 (issue 14, tests/perf/scale.py): the cost of a reply and the footprint as the cast grows to 1,000 NPCs.
+part 6 (issue 14, tests/perf/scale.py): the cost of a reply and the footprint as the cast grows to 1,000 NPCs.
 
     .venv/bin/python -m tests.perf.bench [--quick] [--part N ...] [--json out.json]
 
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.fakes.llm_servers import Answer
-from tests.perf.scale import part5, print_part5
+from tests.perf import recall_quality
+from tests.perf.scale import part6, print_part6
 from tests.perf.support import (
     CLOCK_TICKS_PER_SECOND,
     REPO,
@@ -911,8 +912,8 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write results ({DEFAULT_JSON})")
     args = parser.parse_args(argv)
     parts = sorted(set(args.part or (1, 2, 3, 4, 5)))
-    if not node_available() and set(parts) & {1, 2, 4, 5}:
-        print("node and npm are needed for the reference world (parts 1, 2, 4 and 5)", file=sys.stderr)
+    if not node_available() and set(parts) & {1, 2, 4, 6}:
+        print("node and npm are needed for the reference world (parts 1, 2, 4 and 6)", file=sys.stderr)
         return 2
     plan = QUICK if args.quick else FULL
     results: dict[str, Any] = {
@@ -928,7 +929,8 @@ async def main(argv: list[str] | None = None) -> int:
     bench = Bench(plan, work, profile=args.profile)
     runners: dict[int, tuple[Callable[[Bench], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], None]]]
     runners = {1: (part1, print_part1), 2: (part2, print_part2), 3: (part3, print_part3), 4: (part4, print_part4)}
-    runners[5] = (lambda b: part5(b, idle_seconds=min(20.0, b.plan.idle_seconds)), print_part5)
+    runners[5] = (recall_quality.part, recall_quality.print_result)  # recall (issue 12): pure code, no world
+    runners[6] = (lambda b: part6(b, idle_seconds=min(20.0, b.plan.idle_seconds)), print_part6)  # cast size (14)
     for number in parts:
         run, show = runners[number]
         started = time.monotonic()

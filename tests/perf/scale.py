@@ -1,6 +1,6 @@
-"""Issue 14's benchmark part: one bridge voicing N generated staff characters (part 5 of bench.py).
+"""Issue 14's benchmark part: one bridge voicing N generated staff characters (part 6 of bench.py).
 
-    .venv/bin/python -m tests.perf.bench --part 5 [--quick]
+    .venv/bin/python -m tests.perf.bench --part 6 [--quick]
     .venv/bin/python -m tests.perf.scale [--sizes 3 30 300 1000] [--quick] [--json out.json]
 
 For each N: a characters folder of N staff made from cafe-minori's file (ids `staff-0001` …, names
@@ -176,11 +176,11 @@ async def talks(
     }
 
 
-async def part5(bench: BenchLike, sizes: tuple[int, ...] = SIZES, idle_seconds: float = 20.0) -> dict[str, Any]:
+async def part6(bench: BenchLike, sizes: tuple[int, ...] = SIZES, idle_seconds: float = 20.0) -> dict[str, Any]:
     runs = []
     async with LLMProcess() as llm:
         for size in sizes:
-            print(f"  part 5: {size} NPCs ...", flush=True)
+            print(f"  part 6: {size} NPCs ...", flush=True)
             runs.append(await one_size(bench, llm, size, idle_seconds))
     result: dict[str, Any] = {"runs": runs, "talks": TALKS, "players": PLAYERS, "talks_per_second": TALKS_PER_SECOND}
     result.update(growth(runs))
@@ -213,8 +213,8 @@ def growth(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def print_part5(result: dict[str, Any]) -> None:
-    print(f"\n== Part 5: one bridge, N staff NPCs ({result['talks']} talks, {result['players']} players) ==")
+def print_part6(result: dict[str, Any]) -> None:
+    print(f"\n== Part 6: one bridge, N staff NPCs ({result['talks']} talks, {result['players']} players) ==")
     rows = []
     for run in result["runs"]:
         say = run.get("inject_to_say", {})
@@ -261,8 +261,8 @@ async def main(argv: list[str] | None = None) -> int:
     work = args.json.parent / "work-scale"
     work.mkdir(parents=True, exist_ok=True)
     bench = Bench(QUICK if args.quick else FULL, work, profile=args.profile)
-    result = await part5(bench, tuple(args.sizes), idle_seconds=5.0 if args.quick else 20.0)
-    print_part5(result)
+    result = await part6(bench, tuple(args.sizes), idle_seconds=5.0 if args.quick else 20.0)
+    print_part6(result)
     args.json.write_text(json.dumps(result, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     print(f"results: {args.json}")
     return 0
