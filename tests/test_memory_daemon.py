@@ -58,8 +58,16 @@ def read(memory_dir: Path, npc: str) -> dict[str, Any]:
 
 async def wait_until(check: Any, within: float = 15.0) -> None:
     async with asyncio.timeout(within):
-        while not check():  # noqa: ASYNC110 - another process writes the file
+        while not _holds(check):  # noqa: ASYNC110 - another process writes the file
             await asyncio.sleep(0.1)
+
+
+def _holds(check: Any) -> bool:
+    # The say can reach the world before the first write of the memory file does: not there yet is "not yet".
+    try:
+        return bool(check())
+    except FileNotFoundError:
+        return False
 
 
 async def test_pending_conversation_survives_kill_9_and_is_extracted_after_restart(
