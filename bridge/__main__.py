@@ -70,6 +70,15 @@ def _config_error(exc: ConfigError) -> int:
     return EXIT_CONFIG
 
 
+def _drop_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def _open_standard_descriptors() -> None:
     """Give a closed stdin/stdout/stderr /dev/null, so no socket or file the daemon opens later gets
     descriptor 1 and has log lines written into it. Logging still knows stdout was closed (its lines
@@ -116,6 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PROBLEM
     except KeyboardInterrupt:
         return EXIT_OK
+    except BrokenPipeError:
+        # The reader of our output left (`npc-bridge check | head -1`): stop like any filter, without a
+        # traceback; stdout goes to /dev/null so the interpreter's own flush at exit cannot fail again.
+        _drop_stdout()
+        return EXIT_PROBLEM
     finally:
         if logs.output is not None:
             logs.output.close()

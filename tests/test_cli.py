@@ -128,3 +128,25 @@ async def test_chat_talks_through_the_daemons_prompt_cleaning_and_memory(tmp_pat
 def test_chat_with_an_unknown_character_exits_2(tmp_path: Path) -> None:
     result = bridge(tmp_path, "chat", "nobody-here")
     assert result.returncode == 2 and "nobody-here" in result.stderr
+
+
+@pytest.mark.parametrize("command", [("memory", "show", "cafe-minori"), ("check",)])
+def test_a_reader_that_leaves_early_gets_no_traceback(
+    tmp_path: Path, memory_file: Path, command: tuple[str, ...]
+) -> None:
+    # `npc-bridge check | head -1`: the pipe is closed before the command writes, so every print fails.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [*BRIDGE, *command],
+            env=env_for(tmp_path, NPC_BRIDGE_WORLD_URL="http://127.0.0.1:9", NPC_BRIDGE_LLM_URL="http://127.0.0.1:9"),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in result.stderr
+    assert "BrokenPipeError" not in result.stderr
