@@ -1,5 +1,7 @@
-"""Exponential backoff with full jitter and a cap, reset after a healthy run: the one backoff of the bridge
-(world reconnects, memory extraction retries, the shared memory outbox, memory file writes on a failing disk)."""
+"""Exponential backoff with jitter and a cap, reset after a healthy run: the one backoff of the bridge
+(world reconnects, component restarts, LLM request retries, memory extraction retries, the shared memory
+outbox, memory file writes on a failing disk). `delay_seconds` is the one formula; `Backoff` keeps the
+attempt count for a loop that retries."""
 
 from __future__ import annotations
 
@@ -11,8 +13,21 @@ CAP_SECONDS = 30.0
 HEALTHY_AFTER_SECONDS = 60.0
 
 
+def delay_seconds(
+    attempt: int, *, base: float, cap: float, jitter: float = 1.0, rand: Callable[[], float] = random.random
+) -> float:
+    """min(cap, base * 2**attempt), of which a random share of `jitter` is left to chance.
+
+    jitter 1 is "full jitter" (uniform over [0, ceiling]: many waiting peers spread out), 0.5 keeps at
+    least half the ceiling, 0 is exact (tests).
+    """
+    # The exponent is clamped: 2.0 ** 1100 overflows, and min() comes after the power.
+    ceiling = min(cap, base * 2.0 ** min(max(attempt, 0), 64))
+    return ceiling * (1.0 - jitter + jitter * rand())
+
+
 class Backoff:
-    """Delays for reconnection attempts: uniform(0, min(cap, base * 2**attempt)) ("full jitter").
+    """Delays for a retry loop: `delay_seconds` with the attempt count kept here (full jitter by default).
 
     Tests pass short `base_seconds` / `cap_seconds` (and a seeded `rand`) instead of patching time.
     """
@@ -23,6 +38,7 @@ class Backoff:
         base_seconds: float = BASE_SECONDS,
         cap_seconds: float = CAP_SECONDS,
         healthy_after_seconds: float = HEALTHY_AFTER_SECONDS,
+        jitter: float = 1.0,
         rand: Callable[[], float] = random.random,
     ) -> None:
         if base_seconds <= 0 or cap_seconds < base_seconds:
@@ -30,17 +46,19 @@ class Backoff:
         self.base_seconds = base_seconds
         self.cap_seconds = cap_seconds
         self.healthy_after_seconds = healthy_after_seconds
+        self.jitter = jitter
         self._rand = rand
         self.attempt = 0
 
     def ceiling(self) -> float:
         """The upper bound of the next delay."""
-        # min() before the power would overflow after ~1000 attempts; clamp the exponent instead.
-        return min(self.cap_seconds, self.base_seconds * 2.0 ** min(self.attempt, 64))
+        return delay_seconds(self.attempt, base=self.base_seconds, cap=self.cap_seconds, jitter=0.0)
 
     def next_delay(self) -> float:
         """The next delay in seconds; each call widens the window until the cap."""
-        delay = self._rand() * self.ceiling()
+        delay = delay_seconds(
+            self.attempt, base=self.base_seconds, cap=self.cap_seconds, jitter=self.jitter, rand=self._rand
+        )
         self.attempt += 1
         return delay
 

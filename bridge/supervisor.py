@@ -11,12 +11,13 @@ vouches for; `restarting()` names the components now waiting to be started again
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 import structlog
+
+from bridge.backoff import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -69,7 +70,10 @@ class Supervisor:
 
     async def supervise(self, name: str, component: Callable[[], Awaitable[None]]) -> None:
         """Run a component until shutdown, restarting it after crashes; return after giving up on it."""
-        delay = self._first_delay
+        # At least half of each step's delay: a crash loop never restarts at once.
+        backoff = Backoff(
+            base_seconds=self._first_delay, cap_seconds=self._cap, healthy_after_seconds=self._healthy_after, jitter=0.5
+        )
         crashes = self._crashes.setdefault(name, deque())
         while True:
             started = self._clock()
@@ -94,10 +98,8 @@ class Supervisor:
                 self._on_give_up(name, len(crashes))
                 self._set(name, False)
                 return
-            if now - started >= self._healthy_after:
-                delay = self._first_delay
-            wait = random.uniform(delay / 2, delay)
+            backoff.connection_ended(now - started)
+            wait = backoff.next_delay()
             log.info("component_restarting", component=name, delay_s=round(wait, 2), crashes=len(crashes))
             self._set(name, False)
             await asyncio.sleep(wait)
-            delay = min(self._cap, delay * 2)

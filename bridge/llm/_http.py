@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -15,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 import structlog
 
+from bridge.backoff import delay_seconds
 from bridge.errors import LLMError, LLMModelMissing, LLMResponseError, LLMUnavailable
 from bridge.llm.base import Chunk, Done, GenerationRequest, LLMBackend, TextChunk
 
@@ -46,14 +46,14 @@ class RetryPolicy:
     # failure: those waits are bounded by the deadline, and by this cap so a broken server cannot
     # keep us in a loop.
     max_busy_waits: int = 30
-    # Each delay is scaled by a random factor in [1 - jitter, 1 + jitter].
+    # Each delay is scaled down by a random share of up to `jitter` (bridge/backoff.py).
     jitter: float = 0.2
 
     def backoff_seconds(self, failures: int) -> float:
         """Delay after the `failures`-th failure (1-based), jittered and capped."""
-        base = min(self.max_delay_seconds, self.first_delay_seconds * 2 ** (failures - 1))
-        spread = 1.0 + random.uniform(-self.jitter, self.jitter)
-        return float(min(self.max_delay_seconds, base * spread))
+        return delay_seconds(
+            failures - 1, base=self.first_delay_seconds, cap=self.max_delay_seconds, jitter=self.jitter
+        )
 
 
 DEFAULT_RETRY = RetryPolicy()

@@ -25,8 +25,8 @@ import httpx
 import structlog
 
 from bridge import __version__
+from bridge.backoff import Backoff
 from bridge.errors import WorldAuthError, WorldError
-from bridge.world.backoff import Backoff
 from bridge.world.claims import claim_chunks
 from bridge.world.inbox import Inbox
 from bridge.world.incoming import WorldInput

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from bridge.world.backoff import Backoff
+from bridge.backoff import Backoff
 from bridge.world.client import WorldInput, WorldLink
 
 FAST_BACKOFF_CAP_SECONDS = 0.4

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from bridge.world.backoff import Backoff
+from bridge.backoff import Backoff
 from bridge.world.inbox import Inbox
 from bridge.world.messages import Say, Talk
 from tests.world.conftest import WORLD_TOKEN

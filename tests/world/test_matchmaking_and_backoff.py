@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
+from bridge.backoff import Backoff
 from bridge.errors import WorldAuthError, WorldProtocolError
-from bridge.world.backoff import Backoff
 from bridge.world.matchmaking import MatchmakingRefused, Seat, http_base, parse_seat, websocket_url
 
 
