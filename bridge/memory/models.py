@@ -43,7 +43,8 @@ class _Item(_Model):
     @functools.cached_property
     def json_line(self) -> str:
         """The item as one line of JSON, built once: the file is rewritten on every reply, and
-        re-serialising 60 memories and the pending lines each time cost ~1 ms of the event loop.
+        re-serialising 60 memories and the pending lines each time is event-loop time on every reply
+        (tests/perf/README.md has the measure).
         (A cached property: pydantic leaves it out of fields, dumps and equality.)"""
         return json.dumps(self.model_dump(mode="json"), ensure_ascii=False)
 
@@ -103,7 +104,7 @@ def render(content: MemoryFile) -> str:
 
     As readable as `indent=2` for a person who opens the file, and cheap to rewrite: each item's line
     is serialised once and kept with it (`json.dumps(..., indent=2)` of the whole file ran the
-    pure-Python encoder, ~1.7 ms of the event loop per write with a full pending conversation).
+    pure-Python encoder on the event loop at every write; tests/perf/README.md has the measure).
     `outbox` is written only while it holds something.
     """
     fields: list[tuple[str, str | tuple[str, ...]]] = [
