@@ -14,8 +14,9 @@ from bridge.errors import LLMError
 from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest, GenerationStats, LLMBackend
 from bridge.npc.characters import Character, Roster
 from bridge.npc.checks import check_reply, regeneration_hint
-from bridge.npc.cleaner import clean, has_enough, split_inline_memory
+from bridge.npc.cleaner import clean
 from bridge.npc.prompt import Exchange, build_reply_messages, system_message
+from bridge.npc.streaming import has_enough, split_inline_memory
 from bridge.settings import Settings
 from bridge.speech import Emotion, ReplySource
 

@@ -558,9 +558,10 @@ async def part3(bench: Bench) -> dict[str, Any]:
     from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest
     from bridge.llm.openai import OpenAIBackend
     from bridge.npc.characters import load_roster
-    from bridge.npc.cleaner import clean, has_enough
+    from bridge.npc.cleaner import clean
     from bridge.npc.prompt import Exchange, build_reply_messages
     from bridge.npc.responder import REPLY_MAX_TOKENS, REPLY_TEMPERATURE, TURN_STOP_STRINGS
+    from bridge.npc.streaming import has_enough
     from bridge.settings import Settings
 
     settings = Settings()
