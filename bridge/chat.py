@@ -2,7 +2,8 @@
 
 Same prompt, backend, cleaning, checks, fallbacks and memory (recall, pending lines, extraction after
 silence) as `npc-bridge run`; only the world is replaced by the terminal. Useful for writing and
-tuning character files.
+tuning character files. The reply is printed sentence by sentence as each is final and checked,
+as a world that offers `say-parts` shows it (unless `NPC_BRIDGE_SAY_PARTS=off`: then whole).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from bridge.memory.shared import SharedMemoryClient
 from bridge.memory.store import MemoryStore
 from bridge.npc.characters import load_roster
 from bridge.npc.conversation import Conversations
+from bridge.npc.deadline import Deadline
 from bridge.npc.prompt import Exchange, sanitize_player_text
-from bridge.npc.responder import ReplyContext, Responder
+from bridge.npc.responder import PartSink, ReplyContext, Responder
 from bridge.settings import Settings
+from bridge.speech import Emotion
 
 PLAYER_ID = "terminal"
 PLAYER_NAME = "あなた"
@@ -38,6 +41,15 @@ async def _read_line(prompt: str) -> str | None:
             return None
 
     return await asyncio.get_running_loop().run_in_executor(None, read)
+
+
+def _part_printer(name: str) -> PartSink:
+    """Prints each part on the NPC's line as it comes."""
+
+    async def show(index: int, text: str, emotion: Emotion) -> None:
+        print(f"{name}: {text}" if index == 0 else text, end="", flush=True)
+
+    return show
 
 
 async def run_chat(settings: Settings, npc_id: str) -> int:
@@ -71,6 +83,7 @@ async def run_chat(settings: Settings, npc_id: str) -> int:
             text = sanitize_player_text(line)
             keeper.touch(npc_id)
             started = time.monotonic()
+            deadline = Deadline.after(settings.reply_deadline_seconds, since=started)
             context = ReplyContext(
                 character=character,
                 player_line=text,
@@ -79,12 +92,16 @@ async def run_chat(settings: Settings, npc_id: str) -> int:
                 history=conversations.history(npc_id, PLAYER_ID),
                 last_said=conversations.last_said(npc_id, PLAYER_ID),
             )
+            on_part = _part_printer(character.short_name) if settings.say_parts != "off" else None
             async with gate.slot(Priority.REPLY):
-                deadline = asyncio.get_running_loop().time() + settings.reply_deadline_seconds
-                reply = await responder.respond(context, deadline=deadline)
+                reply = await responder.respond(context, deadline=deadline, on_part=on_part)
             elapsed = time.monotonic() - started
-            print(f"{character.short_name}: {reply.text}", flush=True)
-            print(f"    [{reply.emotion}, {reply.source}, {elapsed:.1f} s]", flush=True)
+            if reply.parts:
+                print(flush=True)  # ends the line the parts were printed on
+            else:
+                print(f"{character.short_name}: {reply.text}", flush=True)
+            first = f", first sentence {reply.first_part_ms / 1000:.1f} s" if reply.first_part_ms is not None else ""
+            print(f"    [{reply.emotion}, {reply.source}, {elapsed:.1f} s{first}]", flush=True)
             conversations.record(npc_id, PLAYER_ID, Exchange(player=text, npc=reply.text))
             now = datetime.now(UTC)
             await keeper.note_exchange(npc_id, player=text, npc=reply.text, at=now)

@@ -4,6 +4,15 @@ An NPC answers one line at a time, in order. A line is *queued* until its reques
 LLM (waiting for the NPC or for the LLM slot both count); while queued, a newer line from the same
 player to the same NPC replaces it, and `player:left` drops it — neither gets an `npc:say`. A line
 already sent to the LLM is always answered: with the reply, or with a fallback line.
+
+The reply deadline counts from the moment a line reached the bridge (`handle`), queue time
+included: each line carries one `Deadline` from its arrival. A line whose deadline passed before
+its request went to the LLM (waiting for the NPC, the recall, or the LLM slot) is answered with a
+fallback at once and never sent; one sent to the LLM gets only what is left. Deadlines follow the
+arrival order of an NPC's queue, so a line never waits past its own deadline behind an earlier one.
+
+When the world wants parts (`Speaker.parts_wanted`, read as the LLM request starts), each final,
+checked sentence goes out as `npc:say:part` before the line's one `npc:say`.
 """
 
 from __future__ import annotations
@@ -21,9 +30,11 @@ import structlog
 from bridge.llm.gate import LLMGate, Priority
 from bridge.npc.characters import Character, Roster
 from bridge.npc.conversation import Conversations
+from bridge.npc.deadline import Deadline
 from bridge.npc.prompt import Exchange, sanitize_player_text
-from bridge.npc.responder import Reply, ReplyContext, Responder
-from bridge.world.messages import NpcEvent, PlayerLeft, Say, Talk, Typing
+from bridge.npc.responder import PartSink, Reply, ReplyContext, Responder
+from bridge.speech import Emotion
+from bridge.world.messages import NpcEvent, PlayerLeft, Say, SayPart, Talk, Typing
 
 log = structlog.get_logger(__name__)
 
@@ -35,7 +46,14 @@ SHUTDOWN_GRACE_SECONDS = 5.0
 class Speaker(Protocol):
     """The world link's mouth."""
 
+    @property
+    def parts_wanted(self) -> bool:
+        """Whether the connected world wants `npc:say:part` now (it offered `say-parts`, not turned off)."""
+        ...
+
     async def say(self, message: Say) -> None: ...
+
+    async def say_part(self, message: SayPart) -> None: ...
 
     async def typing(self, message: Typing) -> None: ...
 
@@ -58,7 +76,8 @@ class Memory(Protocol):
 class _Line:
     talk: Talk
     text: str  # sanitised player text
-    received: float  # event-loop time
+    received: float  # time.monotonic() when it reached the bridge
+    deadline: Deadline  # the reply deadline, from `received`
     dropped: bool = False
     sent: bool = False  # its request went to the LLM: it will be answered
 
@@ -69,7 +88,6 @@ class _NpcQueue:
     lines: deque[_Line] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     current: _Line | None = None
-    scope: asyncio.Timeout | None = None
     # The latest exchange being written to memory: the next one waits for it, so the pending
     # conversation keeps its order, while the NPC already works on its next line.
     noting: asyncio.Task[None] | None = None
@@ -120,8 +138,13 @@ class Dispatcher:
         if self._closing:
             log.info("talk_ignored", reason="shutting down", npc=talk.npc_id, event_id=talk.id)
             return
-        loop_now = asyncio.get_running_loop().time()
-        line = _Line(talk=talk, text=sanitize_player_text(talk.text), received=loop_now)
+        now = time.monotonic()
+        line = _Line(
+            talk=talk,
+            text=sanitize_player_text(talk.text),
+            received=now,
+            deadline=Deadline.after(self._deadline_seconds, since=now),
+        )
         for old in [old for old in queue.lines if old.talk.player_id == talk.player_id]:
             queue.lines.remove(old)
             self._drop(old, "superseded", by=talk.id)
@@ -200,44 +223,72 @@ class Dispatcher:
                     await self._say(queue, line, self._responder.fallback(queue.character, error="bug"))
             finally:
                 queue.current = None
-                queue.scope = None
                 if all(q.current is None for q in self._queues.values()):
                     self._idle.set()
 
     async def _answer(self, queue: _NpcQueue, line: _Line) -> None:
-        character, talk = queue.character, line.talk
+        character, talk, deadline = queue.character, line.talk, line.deadline
         structlog.contextvars.bind_contextvars(npc=talk.npc_id, player=talk.player_id, event_id=talk.id)
         try:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            deadline = started + self._deadline_seconds
+            started = time.monotonic()
+            if deadline.passed:
+                # It waited its whole deadline for the NPC: answered now, never sent to the LLM.
+                await self._say_late(queue, line, "queued", started)
+                return
             await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=True))
             context = await self._context(character, line)
-            async with self._gate.slot(Priority.REPLY):
+            slot = await self._llm_slot(deadline)
+            try:
                 if line.dropped or self._closing:
-                    if not line.dropped:
-                        self._drop(line, "shutting down")
-                    await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=False))
+                    await self._give_up(line)
+                    return
+                if not slot or deadline.passed:
+                    await self._say_late(queue, line, "llm slot", started)
                     return
                 line.sent = True
-                waited_ms = (loop.time() - started) * 1000
-                try:
-                    async with asyncio.timeout_at(deadline) as scope:
-                        queue.scope = scope
-                        reply = await self._responder.respond(context, deadline=deadline)
-                except TimeoutError:
-                    # Shutdown shortened the deadline (see drain): still answer.
-                    reply = self._responder.fallback(character, error="shutdown")
-                finally:
-                    queue.scope = None
+                waited_ms = (time.monotonic() - started) * 1000
+                on_part = self._part_sender(talk) if self._speaker.parts_wanted else None
+                reply = await self._responder.respond(context, deadline=deadline, on_part=on_part)
+            finally:
+                if slot:
+                    self._gate.release()
             await self._say(queue, line, reply, started=started, waited_ms=waited_ms)
         finally:
             structlog.contextvars.unbind_contextvars("npc", "player", "event_id")
 
+    async def _llm_slot(self, deadline: Deadline) -> bool:
+        """Wait for the LLM slot until the deadline; whether it was taken (then release it)."""
+        try:
+            async with deadline.scope():
+                await self._gate.acquire(Priority.REPLY)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _say_late(self, queue: _NpcQueue, line: _Line, where: str, started: float) -> None:
+        """The deadline passed before the line's request went out: a fallback now, no LLM call."""
+        log.warning("reply_deadline_passed", where=where, deadline_s=self._deadline_seconds)
+        line.sent = True
+        await self._say(queue, line, self._responder.fallback(queue.character, error="deadline"), started=started)
+
+    async def _give_up(self, line: _Line) -> None:
+        """A line dropped before its request went out: typing off, no say."""
+        if not line.dropped:
+            self._drop(line, "shutting down")
+        await self._speaker.typing(Typing(npc_id=line.talk.npc_id, reply_to=line.talk.id, on=False))
+
+    def _part_sender(self, talk: Talk) -> PartSink:
+        async def send(index: int, text: str, emotion: Emotion) -> None:
+            await self._speaker.say_part(
+                SayPart(npc_id=talk.npc_id, reply_to=talk.id, index=index, text=text, emotion=emotion)
+            )
+
+        return send
+
     async def _context(self, character: Character, line: _Line) -> ReplyContext:
         talk = line.talk
         try:
-            async with asyncio.timeout(RECALL_TIMEOUT_SECONDS):
+            async with asyncio.timeout(min(RECALL_TIMEOUT_SECONDS, line.deadline.remaining())):
                 memories = await self._memory.recall(talk.npc_id, query=line.text)
         except Exception as exc:  # noqa: BLE001 - a reply goes on without memories
             log.warning("recall_failed", error_type=type(exc).__name__)
@@ -275,8 +326,9 @@ class Dispatcher:
             event_id=talk.id,
             source=reply.source,
             emotion=reply.emotion,
-            latency_ms=round((asyncio.get_running_loop().time() - (started or line.received)) * 1000, 1),
+            latency_ms=round((time.monotonic() - (started or line.received)) * 1000, 1),
             queued_ms=round(((started or line.received) - line.received) * 1000, 1),
+            since_arrival_ms=round((time.monotonic() - line.received) * 1000, 1),
             slot_wait_ms=round(waited_ms, 1),
             model=stats.model if stats else None,
             backend=stats.backend if stats else None,
@@ -284,6 +336,9 @@ class Dispatcher:
             prompt_eval_count=stats.prompt_eval_count if stats else None,
             llm_total_ms=stats.total_duration_ms if stats else None,
             stopped_early=reply.stopped_early,
+            parts=len(reply.parts),
+            first_part_ms=reply.first_part_ms,
+            cut_rule=reply.cut_rule,
             failed_rules=reply.failed_rules or None,
             error=reply.error,
             chars=len(reply.text),
@@ -326,10 +381,9 @@ class Dispatcher:
     async def drain(self, grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Let replies in flight finish within the grace; past it they are answered with a fallback."""
         self.close()
-        loop = asyncio.get_running_loop()
         for queue in self._queues.values():
-            if queue.scope is not None and (queue.scope.when() or 0) > loop.time() + grace_seconds:
-                queue.scope.reschedule(loop.time() + grace_seconds)
+            if queue.current is not None:
+                queue.current.deadline.shorten(grace_seconds)
         try:
             async with asyncio.timeout(grace_seconds + 2.0):
                 await self._idle.wait()

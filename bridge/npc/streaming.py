@@ -145,9 +145,7 @@ def _may_continue(rest: str) -> bool:
     return rest.strip() == "っ"
 
 
-def _kept_final(
-    found: list[str], complete: int, *, max_sentences: int, max_chars: int
-) -> tuple[list[str], bool]:
+def _kept_final(found: list[str], complete: int, *, max_sentences: int, max_chars: int) -> tuple[list[str], bool]:
     """The complete units the line keeps, and whether the line is complete with them."""
     wanted = max(1, max_sentences)
     kept, cut = fit_units(found[:complete], max_sentences=wanted, max_chars=max_chars)
@@ -220,6 +218,8 @@ def _may_become_label(tail: str, name: str) -> bool:
         return True
     after = tail[len(name) :].strip(" \t\u3000") if tail.startswith(name) else None
     return after is not None and any(honorific.startswith(after) for honorific in ("", *HONORIFICS))
+
+
 _MEMORY_OPEN = re.compile(r"<\s*memory\s*>", re.IGNORECASE)
 _MEMORY_CLOSE = re.compile(r"<\s*/\s*memory\s*>", re.IGNORECASE)
 _BULLET = re.compile(r"\A(?:[-‐－・*•]|\d+[.)．])\s*")
