@@ -23,7 +23,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -95,12 +95,23 @@ def free_port() -> int:
 class WorldServer:
     """One reference world process on a loopback port, with its debug endpoints."""
 
-    def __init__(self, version: Version, token: str, port: int, *, reconnect_seconds: float) -> None:
+    def __init__(
+        self,
+        version: Version,
+        token: str,
+        port: int,
+        *,
+        reconnect_seconds: float,
+        say_parts: bool = False,
+        extra_npcs: Sequence[str] = (),
+    ) -> None:
         self.version = version
         self.token = token
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.reconnect_seconds = reconnect_seconds
+        self.say_parts = say_parts  # offer "say-parts" in worker:claimed (at the next start)
+        self.extra_npcs = tuple(extra_npcs)  # granted besides KNOWN_NPCS
         self._process: subprocess.Popen[bytes] | None = None
         self._log_dir = Path(tempfile.mkdtemp(prefix=f"npc-bridge-world-{version}-"))
         self._log_path = self._log_dir / "world.log"
@@ -118,12 +129,25 @@ class WorldServer:
         *,
         port: int | None = None,
         reconnect_seconds: float = 20.0,
+        say_parts: bool = False,
+        extra_npcs: Sequence[str] = (),
     ) -> WorldServer:
-        """Install if needed, start on a free loopback port (or `port`) and wait until it listens."""
+        """Install if needed, start on a free loopback port (or `port`) and wait until it listens.
+
+        `say_parts`: the world offers `"features": ["say-parts"]` in its claim answers.
+        `extra_npcs`: NPC ids the world grants besides `KNOWN_NPCS` (large rosters).
+        """
         if version not in VERSIONS:
             raise ValueError(f"unknown Colyseus version {version!r}")
         await asyncio.to_thread(ensure_installed, version)
-        server = cls(version, token, port or free_port(), reconnect_seconds=reconnect_seconds)
+        server = cls(
+            version,
+            token,
+            port or free_port(),
+            reconnect_seconds=reconnect_seconds,
+            say_parts=say_parts,
+            extra_npcs=extra_npcs,
+        )
         await server._spawn()
         return server
 
@@ -133,6 +157,8 @@ class WorldServer:
             PORT=str(self.port),
             WORLD_TOKEN=self.token,
             RECONNECT_SECONDS=str(self.reconnect_seconds),
+            SAY_PARTS="1" if self.say_parts else "0",
+            EXTRA_NPCS=",".join(self.extra_npcs),
             NODE_ENV="development",
         )
         with open(self._log_path, "ab") as log_file:
@@ -172,9 +198,14 @@ class WorldServer:
             process.send_signal(signal.SIGKILL)
             process.wait(timeout=STOP_TIMEOUT_SECONDS)
 
-    async def restart(self) -> None:
-        """Kill (if running) and start again on the same port; the new process has an empty record."""
+    async def restart(self, *, say_parts: bool | None = None) -> None:
+        """Kill (if running) and start again on the same port; the new process has an empty record.
+
+        `say_parts` (when given) changes whether the new process offers the say-parts feature.
+        """
         self.kill()
+        if say_parts is not None:
+            self.say_parts = say_parts
         await self._spawn()
 
     async def stop(self) -> None:
@@ -269,6 +300,15 @@ class WorldServer:
         """Make the room state about `size_bytes` big (a string field); every client gets the patch."""
         await self._post("/debug/state", {"bytes": size_bytes})
 
+    async def set_say_parts(self, offered: bool) -> None:
+        """Offer say-parts (or stop offering it) in the claim answers from now on, without a restart.
+
+        Connections already claimed keep what they were told; `drop_workers()` makes the link
+        reconnect and claim again, and so learn the new answer.
+        """
+        await self._post("/debug/features", {"sayParts": offered})
+        self.say_parts = offered
+
     async def drop_workers(self) -> int:
         """Cut the worker sockets without a close frame (the room allows reconnection)."""
         return int((await self._post("/debug/drop", {}))["sent"])
@@ -280,6 +320,24 @@ class WorldServer:
     async def typed(self) -> list[dict[str, Any]]:
         """The `npc:typing` payloads the room received, oldest first."""
         return [entry["payload"] for entry in (await self.record())["typed"]]
+
+    async def parts(self, reply_to: str | None = None) -> list[dict[str, Any]]:
+        """The `npc:say:part` payloads the room received (of one reply, if `reply_to`), oldest first."""
+        return [
+            entry["payload"]
+            for entry in (await self.record())["parts"]
+            if reply_to is None or entry["payload"].get("replyTo") == reply_to
+        ]
+
+    async def violations(self) -> list[dict[str, Any]]:
+        """Say-parts rules the bridge broke, as the world saw them (empty when all is well).
+
+        Each is `{"rule", "replyTo", "sessionId", "detail", "at"}`; rules: `part_not_offered`,
+        `part_after_say`, `part_out_of_order`, `part_empty`, `say_differs_from_parts`,
+        `say_emotion_differs`.
+        """
+        violations: list[dict[str, Any]] = (await self.record())["violations"]
+        return violations
 
     async def wait_for(
         self,
@@ -306,6 +364,21 @@ class WorldServer:
 
         def matches(record: dict[str, Any]) -> bool:
             found[:] = [e["payload"] for e in record["said"] if predicate is None or predicate(e["payload"])]
+            return bool(found)
+
+        await self.wait_for(matches, timeout)
+        return found[0]
+
+    async def wait_for_part(
+        self,
+        predicate: Callable[[dict[str, Any]], bool] | None = None,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> dict[str, Any]:
+        """Wait until the room received an `npc:say:part` matching `predicate` (any, if None); return it."""
+        found: list[dict[str, Any]] = []
+
+        def matches(record: dict[str, Any]) -> bool:
+            found[:] = [e["payload"] for e in record["parts"] if predicate is None or predicate(e["payload"])]
             return bool(found)
 
         await self.wait_for(matches, timeout)

@@ -118,7 +118,7 @@ async def test_event_queue_overflow_is_logged_and_later_events_still_flow(world:
 
 
 async def test_a_flood_of_bad_messages_is_logged_a_few_lines_at_a_time(world: WorldServer) -> None:
-    from bridge.world.client import IGNORED_LOG_BURST
+    from bridge.world.inbox import IGNORED_LOG_BURST
 
     async with running_link(world.url, WORLD_TOKEN) as h:
         await h.joined()

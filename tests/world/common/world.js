@@ -6,16 +6,26 @@
  * this file sits outside both node_modules trees.
  *
  * Environment: PORT (required), WORLD_TOKEN (the worker token; never on the command line),
- * RECONNECT_SECONDS (allowReconnection window, default 20).
+ * RECONNECT_SECONDS (allowReconnection window, default 20), SAY_PARTS ("1": offer the say-parts
+ * feature in worker:claimed), EXTRA_NPCS (comma-separated NPC ids granted besides the four known ones).
  */
 
 const http = require("http");
 
 const KNOWN_NPCS = new Set(["cafe-minori", "cinema-aoi", "ryokan-fumi", "haruno"]);
+const SAY_PARTS_FEATURE = "say-parts";
 
 function createWorld({ version, core, WebSocketTransport, express, State }) {
   const token = process.env.WORLD_TOKEN || "";
   const reconnectSeconds = Number(process.env.RECONNECT_SECONDS || "20");
+  const knownNpcs = new Set(KNOWN_NPCS);
+  for (const npcId of (process.env.EXTRA_NPCS || "").split(",")) {
+    if (npcId) {
+      knownNpcs.add(npcId);
+    }
+  }
+  // Whether worker:claimed answers offer say-parts; POST /debug/features changes it at run time.
+  let offerSayParts = process.env.SAY_PARTS === "1";
 
   // Everything the tests read back. Kept per process: a restart starts a new record.
   // Epoch milliseconds with sub-millisecond resolution, for the benchmark's latency figures.
@@ -26,6 +36,9 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
     said: [],
     typed: [],
     claims: [],
+    claimed: [],      // {sessionId, npcIds, denied, features, at}: each worker:claimed answer sent
+    parts: [],        // {sessionId, payload, at, atHr}: each npc:say:part received
+    violations: [],   // {rule, replyTo, sessionId, detail, at}: say-parts rules the bridge broke
     joins: [],        // {sessionId, worker, at}
     leaves: [],       // {sessionId, worker, consented, code, at}
     drops: [],        // {sessionId, code, at}: non-consented, reconnection allowed
@@ -54,6 +67,9 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
       this.setState(new State());
       this.workers = new Map();  // sessionId -> client
       this.granted = new Map();  // npcId -> sessionId
+      this.partsOffered = new Map();  // sessionId -> whether its latest worker:claimed offered say-parts
+      this.partsByReply = new Map();  // replyTo -> [part payloads] received so far
+      this.saidReplies = new Set();   // replyTo of every npc:say received
 
       this.onMessage("worker:claim", (client, payload) => {
         if (!this.workers.has(client.sessionId)) {
@@ -63,7 +79,7 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
         const granted = [];
         const denied = [];
         for (const npcId of ids) {
-          if (typeof npcId !== "string" || !KNOWN_NPCS.has(npcId)) {
+          if (typeof npcId !== "string" || !knownNpcs.has(npcId)) {
             denied.push({ npcId: String(npcId), reason: "unknown npc" });
             continue;
           }
@@ -76,11 +92,23 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
           granted.push(npcId);
         }
         record.claims.push({ sessionId: client.sessionId, npcIds: ids, scope: payload && payload.scope, at: Date.now() });
-        client.send("worker:claimed", { npcIds: granted, denied });
+        const answer = { npcIds: granted, denied };
+        if (offerSayParts) {
+          answer.features = [SAY_PARTS_FEATURE];
+        }
+        this.partsOffered.set(client.sessionId, offerSayParts);
+        record.claimed.push(Object.assign({ sessionId: client.sessionId, features: [], at: Date.now() }, answer));
+        client.send("worker:claimed", answer);
       });
 
       this.onMessage("npc:say", (client, payload) => {
         record.said.push({ sessionId: client.sessionId, payload, at: Date.now(), atHr: nowHr() });
+        this.checkSay(client, payload || {});
+      });
+
+      this.onMessage("npc:say:part", (client, payload) => {
+        record.parts.push({ sessionId: client.sessionId, payload, at: Date.now(), atHr: nowHr() });
+        this.checkPart(client, payload || {});
       });
 
       this.onMessage("npc:typing", (client, payload) => {
@@ -90,6 +118,48 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
 
     onAuth(client, options) {
       return checkWorker(options);
+    }
+
+    violation(rule, client, replyTo, detail) {
+      record.violations.push({ rule, replyTo, sessionId: client.sessionId, detail, at: Date.now() });
+    }
+
+    // world-protocol.md, "Speaking sentence by sentence": parts only when offered, index 0, 1, … in
+    // order, never after the final npc:say of the same reply.
+    checkPart(client, payload) {
+      const replyTo = payload.replyTo;
+      if (!this.partsOffered.get(client.sessionId)) {
+        this.violation("part_not_offered", client, replyTo, "say-parts was not offered on this connection");
+      }
+      if (this.saidReplies.has(replyTo)) {
+        this.violation("part_after_say", client, replyTo, `part ${payload.index} after the final npc:say`);
+      }
+      const parts = this.partsByReply.get(replyTo) || [];
+      if (payload.index !== parts.length) {
+        this.violation("part_out_of_order", client, replyTo, `index ${payload.index}, expected ${parts.length}`);
+      }
+      if (typeof payload.text !== "string" || payload.text === "") {
+        this.violation("part_empty", client, replyTo, "a part needs a non-empty text");
+      }
+      parts.push(payload);
+      this.partsByReply.set(replyTo, parts);
+    }
+
+    // The final line is exactly the parts joined, with part 0's emotion (when parts were sent).
+    checkSay(client, payload) {
+      const replyTo = payload.replyTo;
+      this.saidReplies.add(replyTo);
+      const parts = this.partsByReply.get(replyTo);
+      if (!parts || parts.length === 0) {
+        return;
+      }
+      const joined = parts.map((p) => p.text).join("");
+      if (payload.text !== joined) {
+        this.violation("say_differs_from_parts", client, replyTo, `say ${JSON.stringify(payload.text)} != parts ${JSON.stringify(joined)}`);
+      }
+      if (payload.emotion !== parts[0].emotion) {
+        this.violation("say_emotion_differs", client, replyTo, `say ${payload.emotion} != part 0 ${parts[0].emotion}`);
+      }
     }
 
     onJoin(client, options) {
@@ -163,10 +233,15 @@ function createWorld({ version, core, WebSocketTransport, express, State }) {
     const ok = (res, body) => res.json(Object.assign({ ok: true }, body || {}));
 
     app.get("/debug/health", (req, res) => ok(res, { version, pid: process.pid }));
+    // Offer say-parts (or stop offering it) in the worker:claimed answers from now on.
+    app.post("/debug/features", json, (req, res) => {
+      offerSayParts = Boolean((req.body || {}).sayParts);
+      ok(res, { sayParts: offerSayParts });
+    });
     app.get("/debug/record", (req, res) => {
       const workers = workerClients().map((c) => c.sessionId);
       const roomIds = [...rooms].map((room) => room.roomId);
-      res.json(Object.assign({ workers, roomIds }, record));
+      res.json(Object.assign({ workers, roomIds, sayParts: offerSayParts }, record));
     });
     app.post("/debug/talk", json, (req, res) => {
       const b = req.body || {};
