@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fakes.llm_servers import Answer
+from tests.perf.parts import part5, print_part5
 from tests.perf.support import (
     CLOCK_TICKS_PER_SECOND,
     REPO,
@@ -137,10 +138,11 @@ class Bench:
         name: str,
         llm: TimedOllama | LLMProcess,
         body: Callable[[WorldServer, Daemon, Injector], Awaitable[dict[str, Any]]],
+        say_parts: bool = False,
         **env: str,
     ) -> dict[str, Any]:
-        """A fresh world and daemon for one part."""
-        world = await WorldServer.start(WORLD_VERSION, TOKEN)
+        """A fresh world (offering say-parts, if asked) and daemon for one part."""
+        world = await WorldServer.start(WORLD_VERSION, TOKEN, say_parts=say_parts)
         work = self.work / name
         work.mkdir(parents=True, exist_ok=True)
         daemon = Daemon(
@@ -905,12 +907,12 @@ def machine() -> dict[str, Any]:
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.perf.bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples, 10 s idle: a smoke run")
-    parser.add_argument("--part", type=int, action="append", choices=(1, 2, 3, 4), help="run only these parts")
+    parser.add_argument("--part", type=int, action="append", choices=(1, 2, 3, 4, 5), help="run only these parts")
     parser.add_argument("--profile", action="store_true", help="run the daemon under cProfile (slower)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write results ({DEFAULT_JSON})")
     args = parser.parse_args(argv)
-    parts = sorted(set(args.part or (1, 2, 3, 4)))
-    if not node_available() and set(parts) & {1, 2, 4}:
+    parts = sorted(set(args.part or (1, 2, 3, 4, 5)))
+    if not node_available() and set(parts) & {1, 2, 4, 5}:
         print("node and npm are needed for the reference world (parts 1, 2 and 4)", file=sys.stderr)
         return 2
     plan = QUICK if args.quick else FULL
@@ -927,6 +929,7 @@ async def main(argv: list[str] | None = None) -> int:
     bench = Bench(plan, work, profile=args.profile)
     runners: dict[int, tuple[Callable[[Bench], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], None]]]
     runners = {1: (part1, print_part1), 2: (part2, print_part2), 3: (part3, print_part3), 4: (part4, print_part4)}
+    runners[5] = (part5, print_part5)
     for number in parts:
         run, show = runners[number]
         started = time.monotonic()
