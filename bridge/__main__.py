@@ -93,9 +93,7 @@ def _run(settings: Settings) -> int:
     roster = load_roster(settings.characters_dir)
     if not roster.voiced:
         raise ConfigError(f"NPC_BRIDGE_CHARACTERS_DIR: no character in {settings.characters_dir} has talk 'worker'")
-    logs.configure(
-        fmt=settings.log_format, level=settings.log_level, log_content=settings.log_content, secrets=[token]
-    )
+    logs.configure(fmt=settings.log_format, level=settings.log_level, log_content=settings.log_content, secrets=[token])
     settings.memory_dir.mkdir(parents=True, exist_ok=True)
 
     async def _main() -> int:

@@ -214,9 +214,7 @@ class App:
         except Exception as exc:  # noqa: BLE001 - only a warning
             log.warning("llm_unreachable_at_start", error_type=type(exc).__name__, error=str(exc))
             return
-        wanted = {self.settings.llm_model} | {
-            c.llm.model for c in self.roster.voiced.values() if c.llm.model
-        }
+        wanted = {self.settings.llm_model} | {c.llm.model for c in self.roster.voiced.values() if c.llm.model}
         if models is not None:
             missing = sorted(m for m in wanted if not model_available(m, models))
             if missing:

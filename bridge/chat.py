@@ -1,7 +1,8 @@
 """`npc-bridge chat <npc-id>`: talk to one character in the terminal, through the daemon's own path.
 
-Same prompt, backend, cleaning, checks, fallbacks and memory (recall, pending lines, extraction after
-silence) as `npc-bridge run`; only the world is replaced by the terminal. Useful for writing and
+The same reply path as `npc-bridge run` (`bridge.npc.turns.ReplyPath`: recall, prompt, backend,
+cleaning, checks, fallbacks, the pending conversation, extraction after silence); only the world is
+replaced by the terminal. Useful for writing and
 tuning character files. The reply is printed sentence by sentence as each is final and checked,
 as a world that offers `say-parts` shows it (unless `NPC_BRIDGE_SAY_PARTS=off`: then whole).
 """
@@ -12,20 +13,20 @@ import asyncio
 import contextlib
 import sys
 import time
-from datetime import UTC, datetime
 
 from bridge import logs
 from bridge.errors import ConfigError
 from bridge.llm.factory import make_backend
-from bridge.llm.gate import LLMGate, Priority
+from bridge.llm.gate import LLMGate
 from bridge.memory.keeper import MemoryKeeper
 from bridge.memory.shared import SharedMemoryClient
 from bridge.memory.store import MemoryStore
 from bridge.npc.characters import load_roster
 from bridge.npc.conversation import Conversations
 from bridge.npc.deadline import Deadline
-from bridge.npc.prompt import Exchange, sanitize_player_text
-from bridge.npc.responder import PartSink, ReplyContext, Responder
+from bridge.npc.prompt import sanitize_player_text
+from bridge.npc.responder import PartSink, Responder
+from bridge.npc.turns import ReplyPath, Turn
 from bridge.settings import Settings
 from bridge.speech import Emotion
 
@@ -71,8 +72,13 @@ async def run_chat(settings: Settings, npc_id: str) -> int:
         settings=settings,
         shared=shared,
     )
-    responder = Responder(backend=backend, settings=settings, roster=roster)
-    conversations = Conversations(history_seconds=settings.history_minutes * 60)
+    printer = _part_printer(character.short_name) if settings.say_parts != "off" else None
+    path = ReplyPath(
+        responder=Responder(backend=backend, settings=settings, roster=roster),
+        gate=gate,
+        memory=keeper,
+        conversations=Conversations(history_seconds=settings.history_minutes * 60),
+    )
     keeper_task = asyncio.create_task(keeper.run(), name="memory")
     print(f"{character.name} ({character.id}) — empty line or Ctrl-D to leave", flush=True)
     try:
@@ -80,21 +86,17 @@ async def run_chat(settings: Settings, npc_id: str) -> int:
             line = await _read_line("> ")
             if line is None or not line.strip():
                 break
-            text = sanitize_player_text(line)
             keeper.touch(npc_id)
             started = time.monotonic()
-            deadline = Deadline.after(settings.reply_deadline_seconds, since=started)
-            context = ReplyContext(
+            turn = Turn(
                 character=character,
-                player_line=text,
+                player_id=PLAYER_ID,
                 player_name=PLAYER_NAME,
-                memories=await keeper.recall(npc_id, query=text),
-                history=conversations.history(npc_id, PLAYER_ID),
-                last_said=conversations.last_said(npc_id, PLAYER_ID),
+                line=sanitize_player_text(line),
+                deadline=Deadline.after(settings.reply_deadline_seconds, since=started),
             )
-            on_part = _part_printer(character.short_name) if settings.say_parts != "off" else None
-            async with gate.slot(Priority.REPLY):
-                reply = await responder.respond(context, deadline=deadline, on_part=on_part)
+            reply = await path.answer(turn, parts=lambda: printer)
+            assert reply is not None  # chat never takes a line back
             elapsed = time.monotonic() - started
             if reply.parts:
                 print(flush=True)  # ends the line the parts were printed on
@@ -102,11 +104,7 @@ async def run_chat(settings: Settings, npc_id: str) -> int:
                 print(f"{character.short_name}: {reply.text}", flush=True)
             first = f", first sentence {reply.first_part_ms / 1000:.1f} s" if reply.first_part_ms is not None else ""
             print(f"    [{reply.emotion}, {reply.source}, {elapsed:.1f} s{first}]", flush=True)
-            conversations.record(npc_id, PLAYER_ID, Exchange(player=text, npc=reply.text))
-            now = datetime.now(UTC)
-            await keeper.note_exchange(npc_id, player=text, npc=reply.text, at=now)
-            if reply.memory_lines:
-                await keeper.save_inline(npc_id, reply.memory_lines, at=now)
+            await path.note(turn, reply)()
     finally:
         keeper_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -106,5 +106,3 @@ async def _check_llm(settings: Settings, model_names: set[str], report: _Report)
             report.ok(f"model {name} available")
         else:
             report.fail(f"model {name} not on the server (has: {', '.join(models[:8]) or 'none'})")
-
-

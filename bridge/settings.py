@@ -23,11 +23,32 @@ ENV_PREFIX = "NPC_BRIDGE_"
 CONFIG_FILE_VARIABLE = "NPC_BRIDGE_CONFIG"
 
 DEFAULT_MOOD_WORDS = (
-    "疲れ", "眠い", "眠た", "お腹", "空腹", "満腹", "体調", "機嫌", "気分", "頭痛", "だるい", "今日は",
+    "疲れ",
+    "眠い",
+    "眠た",
+    "お腹",
+    "空腹",
+    "満腹",
+    "体調",
+    "機嫌",
+    "気分",
+    "頭痛",
+    "だるい",
+    "今日は",
 )
 DEFAULT_NON_FACT_WORDS = (
-    "言及はない", "言及がない", "言及していない", "決めていない", "決まっていない", "特にない", "特になし",
-    "分からない", "わからない", "不明", "明らかでない", "情報はない",
+    "言及はない",
+    "言及がない",
+    "言及していない",
+    "決めていない",
+    "決まっていない",
+    "特にない",
+    "特になし",
+    "分からない",
+    "わからない",
+    "不明",
+    "明らかでない",
+    "情報はない",
 )
 DEFAULT_ORDER_WORDS = ("注文", "頼んでいる", "頼んだ", "頼もう", "オーダー")
 
@@ -125,9 +146,7 @@ class Settings(BaseSettings):
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator(
-        "banned_words", "memory_mood_words", "memory_non_fact_words", "memory_order_words", mode="before"
-    )
+    @field_validator("banned_words", "memory_mood_words", "memory_non_fact_words", "memory_order_words", mode="before")
     @classmethod
     def _words(cls, value: Any) -> Any:
         return _split_words(value)
@@ -167,9 +186,7 @@ class Settings(BaseSettings):
     def require_token(self) -> str:
         token = self.token()
         if token is None:
-            raise ConfigError(
-                "NPC_BRIDGE_WORLD_TOKEN: required to run (set it, or NPC_BRIDGE_WORLD_TOKEN_FILE)"
-            )
+            raise ConfigError("NPC_BRIDGE_WORLD_TOKEN: required to run (set it, or NPC_BRIDGE_WORLD_TOKEN_FILE)")
         return token
 
 

@@ -137,9 +137,7 @@ class MemoryKeeper:
         self._retry_base = retry_base_seconds
         self._retry_cap = retry_cap_seconds
         self._extraction_deadline = extraction_deadline_seconds
-        self._rules = MemoryRules.from_settings(
-            settings, instructions=extraction_instructions(settings.memory_subject)
-        )
+        self._rules = MemoryRules.from_settings(settings, instructions=extraction_instructions(settings.memory_subject))
         self._deadlines: dict[str, float] = {}  # loop time at which each NPC's silence is long enough
         self._backing_off: set[str] = set()  # NPCs whose last extraction failed: their deadline is a backoff
         self._extracting: set[str] = set()  # NPCs with an extraction call in flight
@@ -265,9 +263,7 @@ class MemoryKeeper:
             log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **self._content(rejection.text))
         return texts
 
-    async def _store_kept(
-        self, npc_id: str, texts: list[str], *, heard_at: datetime, source: str, taken: int
-    ) -> None:
+    async def _store_kept(self, npc_id: str, texts: list[str], *, heard_at: datetime, source: str, taken: int) -> None:
         """Store what passed the checks and clear the `taken` pending lines, in one write."""
         shared = self._shared_for(npc_id) is not None
         if shared:
@@ -276,9 +272,7 @@ class MemoryKeeper:
             if items:
                 self._ensure_delivery(npc_id)
         else:
-            await self._store.record_extraction(
-                npc_id, taken=taken, texts=texts, heard_at=heard_at, source=source
-            )
+            await self._store.record_extraction(npc_id, taken=taken, texts=texts, heard_at=heard_at, source=source)
         for text in texts:
             log.info(
                 "memory_kept",
@@ -314,9 +308,7 @@ class MemoryKeeper:
             return  # run() starts it; the pending lines wait on disk meanwhile
         task = self._extractors.get(npc_id)
         if task is None or task.done():
-            self._extractors[npc_id] = asyncio.create_task(
-                self._extractor(npc_id), name=f"memory-extract-{npc_id}"
-            )
+            self._extractors[npc_id] = asyncio.create_task(self._extractor(npc_id), name=f"memory-extract-{npc_id}")
 
     async def _extractor(self, npc_id: str) -> None:
         loop = asyncio.get_running_loop()
@@ -398,9 +390,7 @@ class MemoryKeeper:
                 return _Outcome.RETRY
             await self._store.clear_pending(npc_id, taken)
             self._unparseable.pop(npc_id, None)
-            log.warning(
-                "memory_pending_dropped", npc=npc_id, lines=taken, tries=tries, reason="unparseable"
-            )
+            log.warning("memory_pending_dropped", npc=npc_id, lines=taken, tries=tries, reason="unparseable")
             return _Outcome.DONE
         self._unparseable.pop(npc_id, None)
         async with self._keeping.setdefault(npc_id, asyncio.Lock()):

@@ -27,19 +27,19 @@ from typing import Protocol
 
 import structlog
 
-from bridge.llm.gate import LLMGate, Priority
+from bridge.llm.gate import LLMGate
 from bridge.npc.characters import Character, Roster
 from bridge.npc.conversation import Conversations
 from bridge.npc.deadline import Deadline
-from bridge.npc.prompt import Exchange, sanitize_player_text
-from bridge.npc.responder import PartSink, Reply, ReplyContext, Responder
+from bridge.npc.prompt import sanitize_player_text
+from bridge.npc.responder import PartSink, Reply, Responder
+from bridge.npc.turns import Memory, ReplyPath, Turn
 from bridge.speech import Emotion
 from bridge.world.messages import NpcEvent, PlayerLeft, Say, SayPart, Talk, Typing
 
 log = structlog.get_logger(__name__)
 
 MAX_QUEUED_LINES_PER_NPC = 16
-RECALL_TIMEOUT_SECONDS = 5.0
 SHUTDOWN_GRACE_SECONDS = 5.0
 
 
@@ -56,20 +56,6 @@ class Speaker(Protocol):
     async def say_part(self, message: SayPart) -> None: ...
 
     async def typing(self, message: Typing) -> None: ...
-
-
-class Memory(Protocol):
-    """What the dispatcher needs of the memory keeper."""
-
-    def touch(self, npc_id: str) -> None: ...
-
-    async def recall(self, npc_id: str, *, query: str) -> list[str]: ...
-
-    async def note_exchange(self, npc_id: str, *, player: str, npc: str, at: datetime) -> None: ...
-
-    async def note_event(self, npc_id: str, *, text: str, at: datetime) -> None: ...
-
-    async def save_inline(self, npc_id: str, lines: list[str], *, at: datetime) -> object: ...
 
 
 @dataclass(eq=False)
@@ -108,8 +94,7 @@ class Dispatcher:
     ) -> None:
         self._speaker = speaker
         self._responder = responder
-        self._gate = gate
-        self._memory = memory
+        self._path = ReplyPath(responder=responder, gate=gate, memory=memory, conversations=conversations)
         self._conversations = conversations
         self._deadline_seconds = reply_deadline_seconds
         self._log_content = log_content
@@ -155,7 +140,7 @@ class Dispatcher:
             self._drop(queue.lines.popleft(), "queue full")
         queue.lines.append(line)
         queue.wake.set()
-        self._memory.touch(talk.npc_id)
+        self._path.memory.touch(talk.npc_id)
         log.info(
             "talk_queued",
             npc=talk.npc_id,
@@ -174,7 +159,7 @@ class Dispatcher:
             # Written in the NPC's note order, not awaited here: a memory write (an fsync) would hold
             # up every talk behind this event.
             npc_id, text, at = event.npc_id, event.text, _from_ms(event.at)
-            self._note_later(queue, lambda: self._memory.note_event(npc_id, text=text, at=at))
+            self._note_later(queue, lambda: self._path.memory.note_event(npc_id, text=text, at=at))
 
     def _player_left(self, player_id: str) -> None:
         for queue in self._queues.values():
@@ -227,47 +212,43 @@ class Dispatcher:
                     self._idle.set()
 
     async def _answer(self, queue: _NpcQueue, line: _Line) -> None:
-        character, talk, deadline = queue.character, line.talk, line.deadline
+        talk, deadline = line.talk, line.deadline
         structlog.contextvars.bind_contextvars(npc=talk.npc_id, player=talk.player_id, event_id=talk.id)
         try:
             started = time.monotonic()
             if deadline.passed:
                 # It waited its whole deadline for the NPC: answered now, never sent to the LLM.
-                await self._say_late(queue, line, "queued", started)
+                await self._say_late(queue, line, started)
                 return
             await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=True))
-            context = await self._context(character, line)
-            slot = await self._llm_slot(deadline)
-            try:
+            waited: list[float] = []
+
+            def sending() -> bool:
                 if line.dropped or self._closing:
-                    await self._give_up(line)
-                    return
-                if not slot or deadline.passed:
-                    await self._say_late(queue, line, "llm slot", started)
-                    return
+                    return False
                 line.sent = True
-                waited_ms = (time.monotonic() - started) * 1000
-                on_part = self._part_sender(talk) if self._speaker.parts_wanted else None
-                reply = await self._responder.respond(context, deadline=deadline, on_part=on_part)
-            finally:
-                if slot:
-                    self._gate.release()
-            await self._say(queue, line, reply, started=started, waited_ms=waited_ms)
+                waited.append((time.monotonic() - started) * 1000)
+                return True
+
+            def parts() -> PartSink | None:
+                return self._part_sender(talk) if self._speaker.parts_wanted else None
+
+            reply = await self._path.answer(self._turn(queue, line), parts=parts, sending=sending)
+            if reply is None:
+                await self._give_up(line)
+                return
+            await self._say(queue, line, reply, started=started, waited_ms=waited[0] if waited else 0.0)
         finally:
             structlog.contextvars.unbind_contextvars("npc", "player", "event_id")
 
-    async def _llm_slot(self, deadline: Deadline) -> bool:
-        """Wait for the LLM slot until the deadline; whether it was taken (then release it)."""
-        try:
-            async with deadline.scope():
-                await self._gate.acquire(Priority.REPLY)
-        except TimeoutError:
-            return False
-        return True
+    @staticmethod
+    def _turn(queue: _NpcQueue, line: _Line) -> Turn:
+        talk = line.talk
+        return Turn(queue.character, talk.player_id, talk.player_name, line.text, line.deadline)
 
-    async def _say_late(self, queue: _NpcQueue, line: _Line, where: str, started: float) -> None:
-        """The deadline passed before the line's request went out: a fallback now, no LLM call."""
-        log.warning("reply_deadline_passed", where=where, deadline_s=self._deadline_seconds)
+    async def _say_late(self, queue: _NpcQueue, line: _Line, started: float) -> None:
+        """The deadline passed while the line waited for its NPC: a fallback now, no LLM call."""
+        log.warning("reply_deadline_passed", where="queued", deadline_s=self._deadline_seconds)
         line.sent = True
         await self._say(queue, line, self._responder.fallback(queue.character, error="deadline"), started=started)
 
@@ -285,24 +266,6 @@ class Dispatcher:
 
         return send
 
-    async def _context(self, character: Character, line: _Line) -> ReplyContext:
-        talk = line.talk
-        try:
-            async with asyncio.timeout(min(RECALL_TIMEOUT_SECONDS, line.deadline.remaining())):
-                memories = await self._memory.recall(talk.npc_id, query=line.text)
-        except Exception as exc:  # noqa: BLE001 - a reply goes on without memories
-            log.warning("recall_failed", error_type=type(exc).__name__)
-            memories = []
-        return ReplyContext(
-            character=character,
-            player_line=line.text,
-            player_name=talk.player_name,
-            world_lines=self._conversations.world_lines(talk.npc_id, talk.player_id),
-            memories=memories,
-            history=self._conversations.history(talk.npc_id, talk.player_id),
-            last_said=self._conversations.last_said(talk.npc_id, talk.player_id),
-        )
-
     async def _say(
         self,
         queue: _NpcQueue,
@@ -316,8 +279,7 @@ class Dispatcher:
         await self._speaker.say(
             Say(npc_id=talk.npc_id, reply_to=talk.id, text=reply.text, emotion=reply.emotion, source=reply.source)
         )
-        now = datetime.now(UTC)
-        self._conversations.record(talk.npc_id, talk.player_id, Exchange(player=line.text, npc=reply.text))
+        write_memory = self._path.note(self._turn(queue, line), reply)
         stats = reply.stats
         log.info(
             "reply_said",
@@ -345,12 +307,7 @@ class Dispatcher:
             player_text=line.text if self._log_content else None,
             npc_text=reply.text if self._log_content else None,
         )
-        self._note_later(queue, lambda: self._note_exchange(talk.npc_id, line.text, reply, now))
-
-    async def _note_exchange(self, npc_id: str, player: str, reply: Reply, at: datetime) -> None:
-        await self._memory.note_exchange(npc_id, player=player, npc=reply.text, at=at)
-        if reply.memory_lines:
-            await self._memory.save_inline(npc_id, reply.memory_lines, at=at)
+        self._note_later(queue, write_memory)
 
     def _note_later(self, queue: _NpcQueue, write: Callable[[], Awaitable[None]]) -> None:
         """Write to the NPC's pending conversation after the previous note, while the NPC goes on."""

@@ -269,7 +269,7 @@ async def test_full_queue_drops_the_oldest_waiting_line_with_a_log(rig: Rig) -> 
 
 
 async def test_the_next_line_does_not_wait_for_the_memory_write_of_the_last(rig: Rig) -> None:
-    memory = rig.dispatcher._memory
+    memory = rig.dispatcher._path.memory
     writes: list[tuple[str, float]] = []
 
     class SlowDisk:
@@ -283,7 +283,7 @@ async def test_the_next_line_does_not_wait_for_the_memory_write_of_the_last(rig:
             writes.append((player, time.monotonic()))
             await memory.note_exchange(npc_id, player=player, npc=npc, at=at)
 
-    rig.dispatcher._memory = SlowDisk()
+    rig.dispatcher._path.memory = SlowDisk()
     rig.server.default = "いらっしゃいませ。"
     for text in ("一つ目", "二つ目"):
         rig.dispatcher.handle(talk("cafe-minori", f"p-{text}", text))
