@@ -24,8 +24,9 @@ from bridge.memory.store import MemoryStore
 from bridge.npc.characters import load_roster
 from bridge.npc.conversation import Conversations
 from bridge.npc.deadline import Deadline
+from bridge.npc.parts import PartSink
 from bridge.npc.prompt import sanitize_player_text
-from bridge.npc.responder import PartSink, Responder
+from bridge.npc.responder import Responder
 from bridge.npc.turns import ReplyPath, Turn
 from bridge.settings import Settings
 from bridge.speech import Emotion

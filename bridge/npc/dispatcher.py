@@ -31,8 +31,9 @@ from bridge.llm.gate import LLMGate
 from bridge.npc.characters import Character, Roster
 from bridge.npc.conversation import Conversations
 from bridge.npc.deadline import Deadline
+from bridge.npc.parts import PartSink
 from bridge.npc.prompt import sanitize_player_text
-from bridge.npc.responder import PartSink, Reply, Responder
+from bridge.npc.responder import Reply, Responder
 from bridge.npc.turns import Memory, ReplyPath, Turn
 from bridge.speech import Emotion
 from bridge.world.messages import NpcEvent, PlayerLeft, Say, SayPart, Talk, Typing

@@ -5,14 +5,14 @@ and checked whole (replies.md "Checks"); a failure is generated once more with a
 fallback line.
 
 Sentence by sentence (`on_part` given; replies.md "Sentence by sentence"): every sentence of the
-line that is final (`final_sentences`) is checked on its own (`check_sentence`) and handed to
-`on_part` at once, in order. Part 0 failing → nothing was said: the try is given up (its stream
-closed) and regenerated, the second try streaming parts the same way. A later part failing → the
-line ends with the parts already sent (`cut_rule`, logged as `reply_part_cut`). The repeat rule is
-for the whole line: a part 0 equal to the last line said to this player is held until the line is
-complete. After part 0, an LLM error or the deadline ends the line with the parts sent, under the
-source of the try that sent them; with no part sent it is a fallback, never sent in parts. The
-reply's text is then exactly the parts joined, its emotion that of part 0.
+line that is final (`streaming.final_sentences`) is checked on its own and handed to `on_part` at
+once, in order (`parts.SaidParts`, which also keeps the repeat rule whole-line). Part 0 failing →
+nothing was said: the try is given up (its stream closed) and regenerated, the second try
+streaming parts the same way. A later part failing → the line ends with the parts already sent
+(`cut_rule`, logged as `reply_part_cut`). After part 0, an LLM error or the deadline ends the line
+with the parts sent, under the source of the try that sent them; with no part sent it is a
+fallback, never sent in parts. The reply's text is then exactly the parts joined, its emotion that
+of part 0.
 
 One `Deadline` bounds the whole reply: one timeout scope here, and what is left of it is each LLM
 request's `deadline_seconds`.
@@ -21,7 +21,7 @@ request's `deadline_seconds`.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -30,20 +30,12 @@ import structlog
 from bridge.errors import LLMError
 from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest, GenerationStats, LLMBackend
 from bridge.npc.characters import Character, Roster
-from bridge.npc.checks import (
-    RULE_EMPTY,
-    RULE_REPEAT,
-    Language,
-    check_reply,
-    check_sentence,
-    may_repeat,
-    regeneration_hint,
-    repeats,
-)
-from bridge.npc.cleaner import Cleaned, clean
+from bridge.npc.checks import RULE_EMPTY, RULE_REPEAT, check_reply, regeneration_hint
 from bridge.npc.deadline import Deadline
+from bridge.npc.fallbacks import Fallbacks
+from bridge.npc.parts import PartSink, Rules, SaidParts
 from bridge.npc.prompt import Exchange, build_reply_messages, system_message
-from bridge.npc.streaming import Progress, final_sentences, has_enough, may_advance, split_inline_memory
+from bridge.npc.streaming import Cleaning, split_inline_memory
 from bridge.settings import Settings
 from bridge.speech import Emotion, ReplySource
 
@@ -55,11 +47,6 @@ REPLY_MAX_TOKENS = 120
 INLINE_REPLY_MAX_TOKENS = 240
 # Small models go on to write the next turn; a newline followed by a speaker label is a cut point.
 TURN_STOP_STRINGS = ("\nユーザー", "\nUser:")
-# A part whose sentence no longer starts the finished line (never expected: logged as a bug).
-RULE_DIVERGED = "diverged"
-
-# Receives each part as it is final and checked: (index, text, emotion of the line).
-PartSink = Callable[[int, str, Emotion], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -99,74 +86,11 @@ class Reply:
 
 
 @dataclass
-class _Said:
-    """What one reply has said in parts so far (across its tries; read again after an error)."""
-
-    sink: PartSink | None
-    parts: list[str] = field(default_factory=list)
-    emotion: Emotion = "neutral"
-    source: ReplySource = "generated"
-    requested_at: float | None = None
-    first_part_at: float | None = None
-    final_seen: int = 0  # final sentences found in the current try (some may be held back)
-
-
-@dataclass
 class _Attempt:
     raw: str
     stats: GenerationStats | None
     stopped_early: bool
     rule: str | None = None  # a part failed this rule while streaming (part 0: regenerate)
-
-
-@dataclass(frozen=True)
-class _Rules:
-    """What each sentence and the line are checked against."""
-
-    banned: tuple[str, ...]
-    last_said: str | None
-    language: Language
-    instructions: str
-
-
-@dataclass(frozen=True)
-class _Cleaning:
-    """The cleaner's options for one reply (the names and the limits), bound once."""
-
-    own_names: tuple[str, ...]
-    other_speakers: tuple[str, ...]
-    max_sentences: int
-    max_chars: int
-
-    def clean(self, raw: str) -> Cleaned:
-        return clean(raw, **self._names(), max_sentences=self.max_sentences, max_chars=self.max_chars)
-
-    def final(self, raw: str, *, ended: bool = False) -> Progress:
-        return final_sentences(
-            raw, **self._names(), max_sentences=self.max_sentences, max_chars=self.max_chars, ended=ended
-        )
-
-    def enough(self, raw: str) -> bool:
-        return has_enough(raw, **self._names(), max_sentences=self.max_sentences, max_chars=self.max_chars)
-
-    def may_advance(self, raw: str, known: int) -> bool:
-        return may_advance(raw, known, max_sentences=self.max_sentences, max_chars=self.max_chars)
-
-    def _names(self) -> dict[str, Sequence[str]]:
-        return {"own_names": self.own_names, "other_speakers": self.other_speakers}
-
-
-class Fallbacks:
-    """Rotates each character's fallback lines so the same one is never said twice in a row."""
-
-    def __init__(self) -> None:
-        self._next: dict[str, int] = {}
-
-    def next_line(self, character: Character) -> str:
-        lines = character.fallback_lines
-        index = self._next.get(character.id, 0) % len(lines)
-        self._next[character.id] = index + 1
-        return lines[index]
 
 
 class Responder:
@@ -201,7 +125,7 @@ class Responder:
         Past `deadline`, or on an LLM error: the parts already sent, else a fallback line.
         """
         character = context.character
-        said = _Said(sink=on_part)
+        said = SaidParts(sink=on_part)
         failed: list[str] = []
         # The world's lines are left out: repeating what the world just said is not an echo.
         instructions = system_message(
@@ -210,7 +134,7 @@ class Responder:
             world_lines=(),
             memory_subject=self._settings.memory_subject,
         )
-        rules = _Rules(
+        rules = Rules(
             banned=(*self._banned_global, *character.banned),
             last_said=context.last_said,
             language=character.speech.language,
@@ -240,7 +164,7 @@ class Responder:
             return self._cut_short(character, said, failed, error=type(exc).__name__)
         return self.fallback(character, rules=failed)
 
-    def _cut_short(self, character: Character, said: _Said, failed: list[str], *, error: str) -> Reply:
+    def _cut_short(self, character: Character, said: SaidParts, failed: list[str], *, error: str) -> Reply:
         """The reply after an error or the deadline: the parts already sent, else a fallback."""
         if not said.parts:
             return self.fallback(character, error=error, rules=failed)
@@ -248,7 +172,7 @@ class Responder:
 
     def _said_reply(
         self,
-        said: _Said,
+        said: SaidParts,
         *,
         failed_rules: list[str] | None = None,
         error: str | None = None,
@@ -275,8 +199,8 @@ class Responder:
     async def _try(
         self,
         context: ReplyContext,
-        said: _Said,
-        rules: _Rules,
+        said: SaidParts,
+        rules: Rules,
         *,
         history: list[Exchange],
         hint: str | None,
@@ -301,7 +225,7 @@ class Responder:
             rule = attempt.rule
             if rule is None:
                 progress = self._cleaning(context).final(spoken, ended=True)
-                rule = await self._release(said, progress, rules)
+                rule = await said.release(progress, rules)
             if rule is None and not said.parts:
                 rule = RULE_EMPTY
             text, emotion = "".join(said.parts), said.emotion
@@ -332,40 +256,9 @@ class Responder:
             requested_at=said.requested_at,
         ), ""
 
-    async def _release(self, said: _Said, progress: Progress, rules: _Rules) -> str | None:
-        """Check and hand over the final sentences not yet sent; the rule one failed, if any."""
-        said.final_seen = len(progress.final)
-        # What is final may look less final for a moment ("はい。\nみのり："), never different.
-        overlap = min(len(said.parts), len(progress.final))
-        shorter = progress.complete and len(progress.final) < len(said.parts)
-        if progress.final[:overlap] != tuple(said.parts[:overlap]) or shorter:
-            log.error("reply_parts_diverged", parts=len(said.parts), final=len(progress.final))
-            return RULE_DIVERGED
-        if not said.parts and progress.final:
-            # The repeat rule is for the whole line: while the line may still turn out to be the
-            # last one again, nothing of it is said.
-            line = "".join(progress.final)
-            if progress.complete and repeats(line, rules.last_said):
-                return RULE_REPEAT
-            if not progress.complete and may_repeat(line, rules.last_said):
-                return None
-        for index in range(len(said.parts), len(progress.final)):
-            text = progress.final[index]
-            rule = check_sentence(text, banned=rules.banned, language=rules.language, instructions=rules.instructions)
-            if rule is not None:
-                return rule
-            if index == 0:
-                said.emotion = progress.emotion
-            assert said.sink is not None
-            await said.sink(index, text, said.emotion)
-            said.parts.append(text)
-            if index == 0:
-                said.first_part_at = time.monotonic()
-        return None
-
-    def _cleaning(self, context: ReplyContext) -> _Cleaning:
+    def _cleaning(self, context: ReplyContext) -> Cleaning:
         character = context.character
-        return _Cleaning(
+        return Cleaning(
             own_names=(character.name, character.short_name),
             other_speakers=tuple(self._other_speakers(character, context.player_name)),
             max_sentences=self._settings.reply_max_sentences,
@@ -375,8 +268,8 @@ class Responder:
     async def _generate(
         self,
         context: ReplyContext,
-        said: _Said,
-        rules: _Rules,
+        said: SaidParts,
+        rules: Rules,
         *,
         history: list[Exchange],
         hint: str | None,
@@ -427,7 +320,7 @@ class Responder:
                     if not cleaning.may_advance(spoken, said.final_seen):
                         continue
                     progress = cleaning.final(spoken)
-                    rule = await self._release(said, progress, rules)
+                    rule = await said.release(progress, rules)
                     # Inline memories come after the reply: a strong model must be let finish.
                     if rule is not None or (progress.complete and not inline):
                         stopped_early = True

@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bridge.npc.cleaner import HONORIFICS, clean_body, other_names
+from bridge.npc.cleaner import HONORIFICS, Cleaned, clean, clean_body, other_names
 from bridge.npc.sentences import CLOSERS, END_MARKS, QUOTE_PAIRS, finish, fit_units, open_quote, units
 from bridge.speech import Emotion
 
@@ -218,6 +218,33 @@ def _may_become_label(tail: str, name: str) -> bool:
         return True
     after = tail[len(name) :].strip(" \t\u3000") if tail.startswith(name) else None
     return after is not None and any(honorific.startswith(after) for honorific in ("", *HONORIFICS))
+
+
+@dataclass(frozen=True)
+class Cleaning:
+    """The cleaner's options for one reply (this NPC's names, the other speakers, the limits), bound once."""
+
+    own_names: tuple[str, ...]
+    other_speakers: tuple[str, ...]
+    max_sentences: int
+    max_chars: int
+
+    def clean(self, raw: str) -> Cleaned:
+        return clean(raw, **self._names(), max_sentences=self.max_sentences, max_chars=self.max_chars)
+
+    def final(self, raw: str, *, ended: bool = False) -> Progress:
+        return final_sentences(
+            raw, **self._names(), max_sentences=self.max_sentences, max_chars=self.max_chars, ended=ended
+        )
+
+    def enough(self, raw: str) -> bool:
+        return has_enough(raw, **self._names(), max_sentences=self.max_sentences, max_chars=self.max_chars)
+
+    def may_advance(self, raw: str, known: int) -> bool:
+        return may_advance(raw, known, max_sentences=self.max_sentences, max_chars=self.max_chars)
+
+    def _names(self) -> dict[str, Sequence[str]]:
+        return {"own_names": self.own_names, "other_speakers": self.other_speakers}
 
 
 _MEMORY_OPEN = re.compile(r"<\s*memory\s*>", re.IGNORECASE)

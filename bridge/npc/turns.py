@@ -26,8 +26,9 @@ from bridge.llm.gate import LLMGate, Priority
 from bridge.npc.characters import Character
 from bridge.npc.conversation import Conversations
 from bridge.npc.deadline import Deadline
+from bridge.npc.parts import PartSink
 from bridge.npc.prompt import Exchange
-from bridge.npc.responder import PartSink, Reply, ReplyContext, Responder
+from bridge.npc.responder import Reply, ReplyContext, Responder
 
 log = structlog.get_logger(__name__)
 
