@@ -203,7 +203,6 @@ async def _real(bench: Bench) -> dict[str, Any]:
             NPC_BRIDGE_LLM_MODEL=server.model_alias,
             NPC_BRIDGE_LLM_CONTEXT_TOKENS="2048",
             NPC_BRIDGE_REPLY_DEADLINE_SECONDS="120",
-            NPC_BRIDGE_LLM_CONCURRENCY="1",
         )
     finally:
         await asyncio.to_thread(server.stop)
