@@ -118,6 +118,7 @@ class App:
             token=token,
             npc_ids=sorted(roster.voiced),
             on_status=self.notifier.status,
+            say_parts=settings.say_parts == "auto",
         )
         self.dispatcher = Dispatcher(
             roster=roster,

@@ -68,7 +68,7 @@ class WorldLink:
         self._url = url
         self._room = room
         self._npc_ids = tuple(dict.fromkeys(npc_ids))
-        self._on_status = on_status
+        self._status = _guarded(on_status)
         self._backoff = backoff or Backoff()
         self._clock = clock
         self._say_parts = say_parts
@@ -136,10 +136,7 @@ class WorldLink:
         """Send `npc:say`; while disconnected, keep it (bounded) and send it after the next join."""
         message = fit_say(message)
         self._outbox.mark_said(message.reply_to)
-        conn = self._conn
-        if self.connected and conn is not None and not self._outbox and await conn.send(message):
-            return
-        self._outbox.keep(message)
+        await self._send_or_keep(message)
 
     async def say_part(self, message: SayPart) -> None:
         """Send `npc:say:part` when the world takes parts; kept like a say while disconnected.
@@ -147,14 +144,11 @@ class WorldLink:
         Dropped (logged) when the world does not take parts, or when the reply's `npc:say` was
         already given: a part must never arrive after its final line.
         """
-        reason = "after_say" if self._outbox.said(message.reply_to) else None if self.parts_wanted else "not_offered"
-        if reason is not None:
+        if self._outbox.said(message.reply_to) or not self.parts_wanted:
+            reason = "after_say" if self._outbox.said(message.reply_to) else "not_offered"
             log.info("world_part_dropped", reason=reason, npc=message.npc_id, reply_to=message.reply_to)
             return
-        conn = self._conn
-        if self.connected and conn is not None and not self._outbox and await conn.send(message):
-            return
-        self._outbox.keep(message)
+        await self._send_or_keep(message)
 
     async def typing(self, message: Typing) -> None:
         """Send `npc:typing`; dropped (debug log) while disconnected."""
@@ -179,6 +173,13 @@ class WorldLink:
                 await asyncio.wait_for(self._stopped.wait(), 2 * LEAVE_TIMEOUT_SECONDS)
         else:
             self._inbox.close()
+
+    async def _send_or_keep(self, message: Say | SayPart) -> None:
+        """Straight out when live and nothing older waits (order is kept); else into the outbox."""
+        conn = self._conn
+        if self.connected and conn is not None and not self._outbox and await conn.send(message):
+            return
+        self._outbox.keep(message)
 
     # ------------------------------------------------------------ one connection, top to bottom
 
@@ -205,11 +206,11 @@ class WorldLink:
         joined_at = self._clock()
         try:
             await self._serve(conn)
-        except Exception:
+        except Exception as exc:
             # A bug, not the network: leave the seat with consent and let the caller (the daemon's
             # supervisor) restart us; the next run() joins afresh and claims again.
             self.connected = False
-            log.error("world_link_crashed", room_id=conn.seat.room_id)
+            log.error("world_link_crashed", room_id=conn.seat.room_id, error_type=type(exc).__name__)
             self._session.forget()
             await conn.send_leave()
             with contextlib.suppress(TimeoutError):
@@ -259,7 +260,7 @@ class WorldLink:
         Kept replies wait for the answers so that the world knows who speaks, and so that kept
         parts go only to a world that offers them. Live, it claims whatever `voice()` adds.
         """
-        await self._claim(conn)
+        await _claim(conn, self._npc_ids)
         if conn.claims.unanswered:
             try:
                 async with asyncio.timeout(CLAIM_ANSWER_TIMEOUT_SECONDS):
@@ -279,27 +280,34 @@ class WorldLink:
         while True:
             await self._voiced.wait()
             self._voiced.clear()
-            await self._claim(conn)
+            await _claim(conn, self._npc_ids)
 
-    async def _claim(self, conn: Connection) -> None:
-        """`worker:claim` the voiced NPCs not yet asked for on this connection, in frames that fit."""
-        claims, too_long = claim_chunks(conn.claims.to_ask(self._npc_ids))
-        for npc_id in too_long:
-            log.error("world_claim_refused", npc=npc_id[:200], reason="id_too_long_for_a_frame")
-        for claim in claims:
-            conn.claims.sent(claim)
-            if not await conn.send(claim):
-                return
-        if len(claims) > 1:
-            log.info("world_claim_split", messages=len(claims), npcs=sum(len(c.npc_ids) for c in claims))
 
-    def _status(self, line: str) -> None:
-        if self._on_status is None:
+async def _claim(conn: Connection, npc_ids: Sequence[str]) -> None:
+    """`worker:claim` the NPCs not yet asked for on this connection, in frames that fit."""
+    claims, too_long = claim_chunks(conn.claims.to_ask(npc_ids))
+    for npc_id in too_long:
+        log.error("world_claim_refused", npc=npc_id[:200], reason="id_too_long_for_a_frame")
+    for claim in claims:
+        conn.claims.sent(claim)
+        if not await conn.send(claim):
+            return
+    if len(claims) > 1:
+        log.info("world_claim_split", messages=len(claims), npcs=sum(len(c.npc_ids) for c in claims))
+
+
+def _guarded(on_status: Callable[[str], None] | None) -> Callable[[str], None]:
+    """The status callback; one that raises is logged, never allowed to break the link."""
+
+    def status(line: str) -> None:
+        if on_status is None:
             return
         try:
-            self._on_status(line)
+            on_status(line)
         except Exception:
             log.exception("world_status_callback_failed")
+
+    return status
 
 
 async def _open_unless_leaving(session: Session, http: httpx.AsyncClient, leaving: asyncio.Event) -> Connection | None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from tests.world.harness import VERSIONS, Version, WorldServer, ensure_installed, node_available
 
 WORLD_TOKEN = "test-world-token-3b7c"
+
+StartWorld = Callable[..., Awaitable[WorldServer]]
 
 
 @pytest.fixture(scope="session")
@@ -22,10 +25,26 @@ def world_installed() -> tuple[Version, ...]:
 
 
 @pytest.fixture(params=VERSIONS, ids=lambda v: f"colyseus-{v}")
-async def world(request: pytest.FixtureRequest, world_installed: tuple[Version, ...]) -> AsyncIterator[WorldServer]:
-    """A fresh reference world of each Colyseus version, on a free loopback port."""
-    server = await WorldServer.start(request.param, WORLD_TOKEN, reconnect_seconds=20)
+async def start_world(
+    request: pytest.FixtureRequest, world_installed: tuple[Version, ...]
+) -> AsyncIterator[StartWorld]:
+    """`await start_world(say_parts=True, extra_npcs=[...])`: a reference world of each version, stopped after."""
+    servers: list[WorldServer] = []
+
+    async def start(**options: Any) -> WorldServer:
+        options.setdefault("reconnect_seconds", 20)
+        server = await WorldServer.start(request.param, WORLD_TOKEN, **options)
+        servers.append(server)
+        return server
+
     try:
-        yield server
+        yield start
     finally:
-        await server.stop()
+        for server in servers:
+            await server.stop()
+
+
+@pytest.fixture
+async def world(start_world: StartWorld) -> WorldServer:
+    """A fresh reference world of each Colyseus version, on a free loopback port."""
+    return await start_world()

@@ -137,13 +137,13 @@ async def test_run_is_cancellation_safe(world: WorldServer) -> None:
     async with running_link(world.url, WORLD_TOKEN) as h:
         await h.joined()
         before = {t.get_name() for t in asyncio.all_tasks()}
-        assert {"world-reader", "world-leave-watch"} <= before
+        assert {"world-reader", "world-speaker", "world-leave-watch"} <= before
         run_task = next(t for t in asyncio.all_tasks() if t.get_name() == "test-world-link")
         run_task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run_task
         after = {t.get_name() for t in asyncio.all_tasks()}
-        assert not after & {"world-reader", "world-leave-watch", "world-connect"}
+        assert not after & {"world-reader", "world-speaker", "world-leave-watch", "world-connect"}
         assert not h.link.connected
         # A cancelled link closed its socket without consent: the room holds the seat for a reconnection.
         record = await world.wait_for(lambda r: bool(r["drops"]), timeout=5)
