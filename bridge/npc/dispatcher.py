@@ -67,6 +67,7 @@ class _Line:
     deadline: Deadline  # the reply deadline, from `received`
     dropped: bool = False
     sent: bool = False  # its request went to the LLM: it will be answered
+    parts: list[SayPart] = field(default_factory=list)  # the npc:say:part sent for it
 
 
 @dataclass(eq=False)
@@ -206,7 +207,7 @@ class Dispatcher:
                 # A bug in one reply must not silence the NPC: log it whole and move on.
                 log.exception("reply_crashed", npc=line.talk.npc_id, event_id=line.talk.id)
                 if line.sent:
-                    await self._say(queue, line, self._responder.fallback(queue.character, error="bug"))
+                    await self._say(queue, line, self._after_crash(queue, line))
             finally:
                 queue.current = None
                 if all(q.current is None for q in self._queues.values()):
@@ -232,7 +233,7 @@ class Dispatcher:
                 return True
 
             def parts() -> PartSink | None:
-                return self._part_sender(talk) if self._speaker.parts_wanted else None
+                return self._part_sender(line) if self._speaker.parts_wanted else None
 
             reply = await self._path.answer(self._turn(queue, line), parts=parts, sending=sending)
             if reply is None:
@@ -259,13 +260,22 @@ class Dispatcher:
             self._drop(line, "shutting down")
         await self._speaker.typing(Typing(npc_id=line.talk.npc_id, reply_to=line.talk.id, on=False))
 
-    def _part_sender(self, talk: Talk) -> PartSink:
+    def _part_sender(self, line: _Line) -> PartSink:
+        talk = line.talk
+
         async def send(index: int, text: str, emotion: Emotion) -> None:
-            await self._speaker.say_part(
-                SayPart(npc_id=talk.npc_id, reply_to=talk.id, index=index, text=text, emotion=emotion)
-            )
+            part = SayPart(npc_id=talk.npc_id, reply_to=talk.id, index=index, text=text, emotion=emotion)
+            await self._speaker.say_part(part)
+            line.parts.append(part)
 
         return send
+
+    def _after_crash(self, queue: _NpcQueue, line: _Line) -> Reply:
+        """The line after a bug: what its parts already said (never taken back), else a fallback."""
+        if not line.parts:
+            return self._responder.fallback(queue.character, error="bug")
+        texts = [part.text for part in line.parts]
+        return Reply("".join(texts), line.parts[0].emotion, "generated", error="bug", parts=texts)
 
     async def _say(
         self,
