@@ -173,6 +173,9 @@ async def _real(bench: Bench) -> dict[str, Any]:
                 event_id = bench.next_event_id(5)
                 await injector.talk(event_id, npc, f"real-{index}", REAL_LINES[index % len(REAL_LINES)], "旅人")
                 await world.wait_for_say(lambda p, e=event_id: p["replyTo"] == e, 180)
+                # This server finishes a generation the bridge closed: wait for it, or the next
+                # line would wait for it too, on both part 0 and the say.
+                await _server_idle(server)
                 parts, say = _arrivals(await world.record(), event_id)
                 injected = injector.posted[event_id][0]
                 logged = next(
@@ -203,9 +206,21 @@ async def _real(bench: Bench) -> dict[str, Any]:
             NPC_BRIDGE_LLM_MODEL=server.model_alias,
             NPC_BRIDGE_LLM_CONTEXT_TOKENS="2048",
             NPC_BRIDGE_REPLY_DEADLINE_SECONDS="120",
+            NPC_BRIDGE_MEMORY_SILENCE_SECONDS="3600",
         )
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def _server_idle(server: Any, quiet_seconds: float = 1.5, limit_seconds: float = 90.0) -> None:
+    """Until the llama.cpp server's log has been still for `quiet_seconds` (at most `limit_seconds`)."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    size, since = len(server.log_text()), loop.time()
+    while loop.time() - since < quiet_seconds and loop.time() - began < limit_seconds:
+        await asyncio.sleep(0.2)
+        if (now := len(server.log_text())) != size:
+            size, since = now, loop.time()
 
 
 # ---- printing ------------------------------------------------------------------------------------------
