@@ -212,15 +212,15 @@ async def _real(bench: Bench) -> dict[str, Any]:
         await asyncio.to_thread(server.stop)
 
 
-async def _server_idle(server: Any, quiet_seconds: float = 1.5, limit_seconds: float = 90.0) -> None:
-    """Until the llama.cpp server's log has been still for `quiet_seconds` (at most `limit_seconds`)."""
+async def _server_idle(server: Any, limit_seconds: float = 90.0) -> None:
+    """Until every generation the llama.cpp server started has printed its figures (at most `limit_seconds`)."""
     loop = asyncio.get_running_loop()
     began = loop.time()
-    size, since = len(server.log_text()), loop.time()
-    while loop.time() - since < quiet_seconds and loop.time() - began < limit_seconds:
+    while loop.time() - began < limit_seconds:
+        log = server.log_text()
+        if log.count("total time =") >= log.count('"POST /v1/chat/completions HTTP/1.1" 200'):
+            return
         await asyncio.sleep(0.2)
-        if (now := len(server.log_text())) != size:
-            size, since = now, loop.time()
 
 
 # ---- printing ------------------------------------------------------------------------------------------
