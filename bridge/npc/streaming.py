@@ -103,8 +103,9 @@ def final_sentences(
       character could still close or complete is open before its end: an unclosed `[` on the last
       line (a tag swallows what it encloses), an unclosed `（`/`(` (a narration at a line end is
       removed), an odd `*` on the last line, an open quote or one closed by the last character
-      (a whole line in 「…」 loses its quotes, 「…」と keeps them), a label of another speaker
-      whose name holds a sentence end ("Dr. Kato:") that may be starting;
+      (a whole line in 「…」 loses its quotes, 「…」と keeps them), a speaker label that may be half
+      written ("旅人" before "旅人1：" cuts, "みの" before "みのり：" is removed; "Dr. Kato:" even
+      starts before the "Dr." that looks like a sentence);
     - or it is the first sentence and already over `max_chars` (it is final at the cut).
     A sentence that can no longer fit in `max_chars` ends the line before it. A line not yet
     complete holds back a sentence whose quote the whole line's finishing could still drop.
@@ -113,7 +114,11 @@ def final_sentences(
     if ended or body.cut:
         kept, _ = fit_units(units(body.text)[0], max_sentences=max_sentences, max_chars=max_chars)
         return Progress(final=tuple(finish(kept)), emotion=body.emotion, complete=True)
-    settled = raw_so_far[: _first_open(raw_so_far, other_names(tuple(own_names), tuple(other_speakers)))]
+    speakers = other_names(tuple(own_names), tuple(other_speakers)) | {n.strip().casefold() for n in own_names if n}
+    settled = raw_so_far
+    # Cutting at one open construct may open another (a "）" after it no longer closes its "（").
+    while (open_at := _first_open(settled, speakers)) < len(settled):
+        settled = settled[:open_at]
     if len(settled) < len(raw_so_far):
         body = clean_body(settled, own_names, other_speakers)
     found, complete = units(body.text)
@@ -194,21 +199,23 @@ def _first_open(raw: str, others: frozenset[str]) -> int:
     return min(candidates)
 
 
-_BOUNDARY = re.compile(rf"(?:^|(?<=[{END_MARKS}.{CLOSERS}]))[ \t\u3000]*", re.MULTILINE)
+# Where a speaker label may start: a line start or a sentence end, then spaces and tags (as the
+# cleaner's label pattern).
+_BOUNDARY = re.compile(
+    rf"(?:^|(?<=[{END_MARKS}.{CLOSERS}]))[ \t\u3000]*(?:\[[^\[\]\n]*\][ \t\u3000]*)*", re.MULTILINE
+)
 
 
-def _open_label(raw: str, others: frozenset[str]) -> int:
-    """Where a label of another speaker whose name holds a sentence end ("Dr. Kato:") may be starting.
+def _open_label(raw: str, names: frozenset[str]) -> int:
+    """Where a speaker label may be half written at the end of `raw` ("…。旅人" before "旅人1："), else its length.
 
-    Such a label starts before a sentence end that then looks final: from where it may start,
-    nothing is final until it is clear whether it is one.
+    Another speaker's label cuts the line from there, this NPC's own prefix at a line start is
+    removed: either changes what the text after it looks like, and a name holding a sentence end
+    ("Dr. Kato:") even the sentence before it. From there nothing is final until it is clear.
     """
-    spanning = [name for name in others if any(char in name for char in END_MARKS + "." + CLOSERS)]
-    if not spanning:
-        return len(raw)
     for boundary in _BOUNDARY.finditer(raw):
         tail = raw[boundary.end() :].casefold()
-        if tail and any(_may_become_label(tail, name) for name in spanning):
+        if tail and any(_may_become_label(tail, name) for name in names):
             return boundary.start()
     return len(raw)
 

@@ -8,6 +8,7 @@ they joined are exactly the whole-line cleaning of the same raw text.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,13 @@ HARD_RAWS = (
     "はい。# 見出し\nどうぞ。",
     "はい！？ええ。そう。",
     "はい。」どうぞ。そう。",
+    # Found by random pieces: a label or this NPC's prefix half written after a line break or a
+    # closing bracket changes the text after it (and the sentence's length at the char limit).
+    "』'assistant\nみのり：]）assistant\n？assistant\n- はい",
+    "]？- assistant\n 旅人1：みのり： Howどうぞ",
+    "」[motion:bow]？assistant\nUser:]3.5>*Dr. ",
+    ".＜笑＞()[happy]Dr. Kato:[motion:bow]\n**[はいHello",
+    'どうぞ（Dr. Kato:]“")User:',
 )
 
 
@@ -87,7 +95,7 @@ def test_final_sentences_of_the_shared_examples_join_to_the_whole_line_cleaning(
     assert len(end.final) == expected.sentences
 
 
-@pytest.mark.parametrize(("max_sentences", "max_chars"), [(1, 90), (2, 90), (3, 90), (2, 30), (3, 24)])
+@pytest.mark.parametrize(("max_sentences", "max_chars"), [(1, 90), (2, 90), (3, 90), (2, 30), (3, 24), (2, 12)])
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("raw", HARD_RAWS)
 def test_no_chunking_changes_a_sentence_once_it_is_final(
@@ -97,6 +105,70 @@ def test_no_chunking_changes_a_sentence_once_it_is_final(
     seen, end = _stream(raw, chunk, max_sentences=max_sentences, max_chars=max_chars)
     assert list(end.final[: len(seen)]) == seen
     assert "".join(end.final) == expected.text
+
+
+# Pieces that open, close, cut or remove: random replies made of them find the corner cases.
+ATOMS = (
+    "はい",
+    "どうぞ",
+    "ですね",
+    "。",
+    "！",
+    "？",
+    "、",
+    "「",
+    "」",
+    "『",
+    "』",
+    "（",
+    "）",
+    "(",
+    ")",
+    "[happy]",
+    "[motion:bow]",
+    "[",
+    "]",
+    "<",
+    ">",
+    "＜笑＞",
+    "*",
+    "**",
+    " ",
+    "\n",
+    "みのり：",
+    "旅人1：",
+    "User:",
+    "っ",
+    "て",
+    "と",
+    "Hello",
+    ".",
+    " How",
+    "3.5",
+    "…",
+    "<|im_end|>",
+    "# 見出し\n",
+    "- ",
+    '"',
+    "'",
+    "”",
+    "“",
+    "Dr. Kato:",
+    "Dr.",
+    "assistant\n",
+)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_replies_from_tricky_pieces_never_change_a_final_sentence(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(100):
+        raw = "".join(rng.choice(ATOMS) for _ in range(rng.randint(1, 14)))
+        max_sentences, max_chars = rng.choice([(1, 90), (2, 90), (3, 24), (2, 12)])
+        expected = clean(raw, own_names=OWN, other_speakers=OTHERS, max_sentences=max_sentences, max_chars=max_chars)
+        seen, end = _stream(raw, rng.choice(CHUNKS), max_sentences=max_sentences, max_chars=max_chars)
+        assert list(end.final[: len(seen)]) == seen, raw
+        assert "".join(end.final) == expected.text, raw
 
 
 def test_the_first_sentence_is_final_once_the_second_has_begun() -> None:
