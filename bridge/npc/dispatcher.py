@@ -207,7 +207,8 @@ class Dispatcher:
                 # A bug in one reply must not silence the NPC: log it whole and move on.
                 log.exception("reply_crashed", npc=line.talk.npc_id, event_id=line.talk.id)
                 if line.sent:
-                    await self._say(queue, line, self._after_crash(queue, line))
+                    fallback = self._responder.fallback(queue.character, error="bug")
+                    await self._say(queue, line, _said_so_far(line) or fallback)
             finally:
                 queue.current = None
                 if all(q.current is None for q in self._queues.values()):
@@ -220,7 +221,10 @@ class Dispatcher:
             started = time.monotonic()
             if deadline.passed:
                 # It waited its whole deadline for the NPC: answered now, never sent to the LLM.
-                await self._say_late(queue, line, started)
+                log.warning("reply_deadline_passed", where="queued", deadline_s=self._deadline_seconds)
+                line.sent = True
+                fallback = self._responder.fallback(queue.character, error="deadline")
+                await self._say(queue, line, fallback, started=started)
                 return
             await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=True))
             waited: list[float] = []
@@ -233,9 +237,9 @@ class Dispatcher:
                 return True
 
             def parts() -> PartSink | None:
-                return self._part_sender(line) if self._speaker.parts_wanted else None
+                return _part_sender(self._speaker, line) if self._speaker.parts_wanted else None
 
-            reply = await self._path.answer(self._turn(queue, line), parts=parts, sending=sending)
+            reply = await self._path.answer(_turn(queue.character, line), parts=parts, sending=sending)
             if reply is None:
                 await self._give_up(line)
                 return
@@ -243,39 +247,11 @@ class Dispatcher:
         finally:
             structlog.contextvars.unbind_contextvars("npc", "player", "event_id")
 
-    @staticmethod
-    def _turn(queue: _NpcQueue, line: _Line) -> Turn:
-        talk = line.talk
-        return Turn(queue.character, talk.player_id, talk.player_name, line.text, line.deadline)
-
-    async def _say_late(self, queue: _NpcQueue, line: _Line, started: float) -> None:
-        """The deadline passed while the line waited for its NPC: a fallback now, no LLM call."""
-        log.warning("reply_deadline_passed", where="queued", deadline_s=self._deadline_seconds)
-        line.sent = True
-        await self._say(queue, line, self._responder.fallback(queue.character, error="deadline"), started=started)
-
     async def _give_up(self, line: _Line) -> None:
         """A line dropped before its request went out: typing off, no say."""
         if not line.dropped:
             self._drop(line, "shutting down")
         await self._speaker.typing(Typing(npc_id=line.talk.npc_id, reply_to=line.talk.id, on=False))
-
-    def _part_sender(self, line: _Line) -> PartSink:
-        talk = line.talk
-
-        async def send(index: int, text: str, emotion: Emotion) -> None:
-            part = SayPart(npc_id=talk.npc_id, reply_to=talk.id, index=index, text=text, emotion=emotion)
-            await self._speaker.say_part(part)
-            line.parts.append(part)
-
-        return send
-
-    def _after_crash(self, queue: _NpcQueue, line: _Line) -> Reply:
-        """The line after a bug: what its parts already said (never taken back), else a fallback."""
-        if not line.parts:
-            return self._responder.fallback(queue.character, error="bug")
-        texts = [part.text for part in line.parts]
-        return Reply("".join(texts), line.parts[0].emotion, "generated", error="bug", parts=texts)
 
     async def _say(
         self,
@@ -290,7 +266,7 @@ class Dispatcher:
         await self._speaker.say(
             Say(npc_id=talk.npc_id, reply_to=talk.id, text=reply.text, emotion=reply.emotion, source=reply.source)
         )
-        write_memory = self._path.note(self._turn(queue, line), reply)
+        write_memory = self._path.note(_turn(queue.character, line), reply)
         stats = reply.stats
         log.info(
             "reply_said",
@@ -360,6 +336,31 @@ class Dispatcher:
                     await asyncio.wait(set(self._notes))
         except TimeoutError:
             log.warning("shutdown_replies_unfinished")
+
+
+def _turn(character: Character, line: _Line) -> Turn:
+    talk = line.talk
+    return Turn(character, talk.player_id, talk.player_name, line.text, line.deadline)
+
+
+def _part_sender(speaker: Speaker, line: _Line) -> PartSink:
+    """Sends each part of `line`'s reply as `npc:say:part`, and keeps what was sent."""
+    talk = line.talk
+
+    async def send(index: int, text: str, emotion: Emotion) -> None:
+        part = SayPart(npc_id=talk.npc_id, reply_to=talk.id, index=index, text=text, emotion=emotion)
+        await speaker.say_part(part)
+        line.parts.append(part)
+
+    return send
+
+
+def _said_so_far(line: _Line) -> Reply | None:
+    """After a bug: the line its parts already said (never taken back), if any."""
+    if not line.parts:
+        return None
+    texts = [part.text for part in line.parts]
+    return Reply("".join(texts), line.parts[0].emotion, "generated", error="bug", parts=texts)
 
 
 def _from_ms(epoch_ms: float) -> datetime:
