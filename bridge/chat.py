@@ -1,9 +1,11 @@
 """`npc-bridge chat <npc-id>`: talk to one character in the terminal, through the daemon's own path.
 
-Same prompt, backend, cleaning, checks, fallbacks and memory (recall, pending lines, extraction after
-silence) as `npc-bridge run`; only the world is replaced by the terminal. Useful for writing and
-tuning character files; with `--explain`, each reply is preceded by the memories its prompt holds and
-why each is there (one of the newest, or relevant with its score).
+The same reply path as `npc-bridge run` (`bridge.npc.turns.ReplyPath`: recall, prompt, backend,
+cleaning, checks, fallbacks, the pending conversation, extraction after silence); only the world is
+replaced by the terminal. Useful for writing and tuning character files. The reply is printed
+sentence by sentence as each is final and checked, as a world that offers `say-parts` shows it
+(unless `NPC_BRIDGE_SAY_PARTS=off`: then whole). With `--explain`, each reply is preceded by the
+memories its prompt holds and why each is there (one of the newest, or relevant with its score).
 """
 
 from __future__ import annotations
@@ -12,26 +14,30 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
 
 from bridge import logs
 from bridge.errors import ConfigError
 from bridge.llm.factory import make_backend
-from bridge.llm.gate import LLMGate, Priority
+from bridge.llm.gate import LLMGate
 from bridge.memory.keeper import MemoryKeeper
 from bridge.memory.recall import Recalled
 from bridge.memory.shared import SharedMemoryClient
 from bridge.memory.store import MemoryStore
 from bridge.npc.characters import load_roster
 from bridge.npc.conversation import Conversations
-from bridge.npc.prompt import Exchange, format_memory_line, sanitize_player_text
-from bridge.npc.responder import ReplyContext, Responder
+from bridge.npc.deadline import Deadline
+from bridge.npc.parts import PartSink
+from bridge.npc.prompt import format_memory_line, sanitize_player_text
+from bridge.npc.responder import Responder
+from bridge.npc.turns import ReplyPath, Turn
 from bridge.settings import Settings
+from bridge.speech import Emotion
 
 PLAYER_ID = "terminal"
 PLAYER_NAME = "あなた"
 MATCHED_SHOWN = 5  # shared terms shown per relevant memory by --explain
+FLUSH_SECONDS = 5.0  # at exit, for the memory file to take the last exchange
 
 
 async def _read_line(prompt: str) -> str | None:
@@ -42,6 +48,23 @@ async def _read_line(prompt: str) -> str | None:
             return None
 
     return await asyncio.get_running_loop().run_in_executor(None, read)
+
+
+def _explainer(explain: bool) -> Callable[[Sequence[Recalled]], None]:
+    def show(recalled: Sequence[Recalled]) -> None:
+        if explain:
+            print("\n".join(explain_lines(recalled)), flush=True)
+
+    return show
+
+
+def _part_printer(name: str) -> PartSink:
+    """Prints each part on the NPC's line as it comes."""
+
+    async def show(index: int, text: str, emotion: Emotion) -> None:
+        print(f"{name}: {text}" if index == 0 else text, end="", flush=True)
+
+    return show
 
 
 def explain_lines(recalled: Sequence[Recalled]) -> list[str]:
@@ -80,8 +103,13 @@ async def run_chat(settings: Settings, npc_id: str, *, explain: bool = False) ->
         settings=settings,
         shared=shared,
     )
-    responder = Responder(backend=backend, settings=settings, roster=roster)
-    conversations = Conversations(history_seconds=settings.history_minutes * 60)
+    printer = _part_printer(character.short_name) if settings.say_parts != "off" else None
+    path = ReplyPath(
+        responder=Responder(backend=backend, settings=settings, roster=roster),
+        gate=gate,
+        memory=keeper,
+        conversations=Conversations(history_seconds=settings.history_minutes * 60),
+    )
     keeper_task = asyncio.create_task(keeper.run(), name="memory")
     print(f"{character.name} ({character.id}) — empty line or Ctrl-D to leave", flush=True)
     try:
@@ -89,33 +117,28 @@ async def run_chat(settings: Settings, npc_id: str, *, explain: bool = False) ->
             line = await _read_line("> ")
             if line is None or not line.strip():
                 break
-            text = sanitize_player_text(line)
             keeper.touch(npc_id)
             started = time.monotonic()
-            history = conversations.history(npc_id, PLAYER_ID)
-            recalled = await keeper.recall(npc_id, query=text, previous=history[-1].player if history else None)
-            if explain:
-                print("\n".join(explain_lines(recalled)), flush=True)
-            context = ReplyContext(
+            turn = Turn(
                 character=character,
-                player_line=text,
+                player_id=PLAYER_ID,
                 player_name=PLAYER_NAME,
-                memories=recalled,
-                history=history,
-                last_said=conversations.last_said(npc_id, PLAYER_ID),
+                line=sanitize_player_text(line),
+                deadline=Deadline.after(settings.reply_deadline_seconds, since=started),
             )
-            async with gate.slot(Priority.REPLY):
-                deadline = asyncio.get_running_loop().time() + settings.reply_deadline_seconds
-                reply = await responder.respond(context, deadline=deadline)
+            reply = await path.answer(turn, parts=lambda: printer, on_recall=_explainer(explain))
+            assert reply is not None  # chat never takes a line back
             elapsed = time.monotonic() - started
-            print(f"{character.short_name}: {reply.text}", flush=True)
-            print(f"    [{reply.emotion}, {reply.source}, {elapsed:.1f} s]", flush=True)
-            conversations.record(npc_id, PLAYER_ID, Exchange(player=text, npc=reply.text))
-            now = datetime.now(UTC)
-            await keeper.note_exchange(npc_id, player=text, npc=reply.text, at=now)
-            if reply.memory_lines:
-                await keeper.save_inline(npc_id, reply.memory_lines, at=now)
+            if reply.parts:
+                print(flush=True)  # ends the line the parts were printed on
+            else:
+                print(f"{character.short_name}: {reply.text}", flush=True)
+            first = f", first sentence {reply.first_part_ms / 1000:.1f} s" if reply.first_part_ms is not None else ""
+            print(f"    [{reply.emotion}, {reply.source}, {elapsed:.1f} s{first}]", flush=True)
+            await path.note(turn, reply)()
     finally:
+        # What was said goes to the memory file before leaving (a refused write gets one more try).
+        await keeper.flush(FLUSH_SECONDS)
         keeper_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await keeper_task

@@ -67,9 +67,7 @@ def make_client(url: str) -> httpx.AsyncClient:
     """One client per backend. trust_env is off: a system proxy must not capture LAN model traffic."""
     return httpx.AsyncClient(
         base_url=url,
-        timeout=httpx.Timeout(
-            connect=CONNECT_TIMEOUT_SECONDS, read=None, write=WRITE_TIMEOUT_SECONDS, pool=None
-        ),
+        timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_SECONDS, read=None, write=WRITE_TIMEOUT_SECONDS, pool=None),
         # httpx closes a connection idle for 5 s by default: between players' lines that is the common
         # case, and each new one costs a name lookup in a thread and a handshake on the reply path.
         # A connection the server closed meanwhile is noticed before reuse.
@@ -85,9 +83,7 @@ def request_timeout(remaining_seconds: float, grace_seconds: float = 0.0) -> htt
     so the stall limit cannot apply there; the caller's own deadline is the bound.
     """
     wait = max(remaining_seconds, 0.001) + grace_seconds
-    return httpx.Timeout(
-        connect=min(CONNECT_TIMEOUT_SECONDS, wait), read=wait, write=WRITE_TIMEOUT_SECONDS, pool=wait
-    )
+    return httpx.Timeout(connect=min(CONNECT_TIMEOUT_SECONDS, wait), read=wait, write=WRITE_TIMEOUT_SECONDS, pool=wait)
 
 
 class Deadline:
@@ -165,9 +161,7 @@ def transport_error(backend: str, exc: httpx.HTTPError) -> LLMError:
         return labelled(LLMUnavailable(f"{backend}: cannot connect: {exc}"), "connect_failed")
     if isinstance(exc, httpx.TimeoutException):
         return labelled(LLMUnavailable(f"{backend}: timed out ({type(exc).__name__})"), "timeout")
-    return labelled(
-        LLMUnavailable(f"{backend}: connection failed: {type(exc).__name__}: {exc}"), "connection_lost"
-    )
+    return labelled(LLMUnavailable(f"{backend}: connection failed: {type(exc).__name__}: {exc}"), "connection_lost")
 
 
 def labelled(error: E, label: int | str) -> E:
@@ -219,9 +213,7 @@ class RetryState:
         """Log and sleep before the next attempt; False when we must give up."""
         delay = self.delay_for(exc)
         if delay is None:
-            log.warning(
-                "llm_give_up", backend=self.backend, status=error_label(exc), attempts=self.attempts
-            )
+            log.warning("llm_give_up", backend=self.backend, status=error_label(exc), attempts=self.attempts)
             return False
         log.warning(
             "llm_retry",
@@ -253,9 +245,7 @@ class LineReader:
         except StopAsyncIteration:
             return None
         except TimeoutError:
-            stalled = LLMUnavailable(
-                f"{self._backend}: stream stalled (nothing for {self._stall_seconds:g} s)"
-            )
+            stalled = LLMUnavailable(f"{self._backend}: stream stalled (nothing for {self._stall_seconds:g} s)")
             raise labelled(stalled, "stalled") from None
         except httpx.HTTPError as exc:
             raise transport_error(self._backend, exc) from None

@@ -45,9 +45,7 @@ def route_body(request: GenerationRequest, worker: str, remaining_seconds: float
     return body
 
 
-def parse_route_answer(
-    data: Any, request: GenerationRequest, attempts: int
-) -> tuple[str, GenerationStats]:
+def parse_route_answer(data: Any, request: GenerationRequest, attempts: int) -> tuple[str, GenerationStats]:
     """`{"text": …, "route": {"worker", "model", "task_id"}}` → the text and its stats."""
     if not isinstance(data, dict) or not isinstance(data.get("text"), str):
         raise LLMResponseError("coordinator: the answer has no text")

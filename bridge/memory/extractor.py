@@ -40,11 +40,9 @@ NPC_LABEL_EN = "Other"
 
 _INSTRUCTIONS_JA = "\n".join(
     (
-        "あなたは会話の記録を読み、{subject}本人について、"
-        "これから先も覚えておく価値のあることを書き出す係です。",
+        "あなたは会話の記録を読み、{subject}本人について、これから先も覚えておく価値のあることを書き出す係です。",
         "守ること:",
-        "- {subject}が自分自身について話したことだけを書く。"
-        "{npc}の発言、推測、会話に出ていないことは書かない。",
+        "- {subject}が自分自身について話したことだけを書く。{npc}の発言、推測、会話に出ていないことは書かない。",
         "- 書くのは長く続くことだけ: 好みや苦手なもの、これからの予定、仕事や暮らしについての事実。",
         "- その日の気分や体の具合、その場でしている注文や選んでいる途中のものは書かない。",
         "- 話に出なかったこと、分からないこと、決まっていないことは書かない。",
@@ -57,14 +55,11 @@ _INSTRUCTIONS_JA = "\n".join(
 
 _INSTRUCTIONS_EN = "\n".join(
     (
-        "You read a conversation record and write down what is worth remembering"
-        " about the {subject} from now on.",
+        "You read a conversation record and write down what is worth remembering about the {subject} from now on.",
         "Rules:",
-        "- Only what the {subject} said about themselves."
-        " Not what {npc} said, no guesses, nothing that was not said.",
+        "- Only what the {subject} said about themselves. Not what {npc} said, no guesses, nothing that was not said.",
         "- Only lasting things: likes and dislikes, plans, facts about their work or life.",
-        "- Not the mood or how their body feels that day,"
-        " not what they are ordering or choosing at the moment.",
+        "- Not the mood or how their body feels that day, not what they are ordering or choosing at the moment.",
         "- Nothing that was not mentioned, is unknown, or is undecided.",
         '- Each item is one short sentence and starts with "{subject}".',
         "- Keep time words as they were said; do not turn them into dates.",

@@ -110,13 +110,36 @@ def check_reply(
         needle = _normalise(word).strip()
         if needle and needle in normalised:
             return RULE_BANNED_WORD
-    if last_line is not None and "".join(normalised.split()) == "".join(_normalise(last_line).split()):
+    if repeats(text, last_line):
         return RULE_REPEAT
     if not in_language(text, language):
         return RULE_LANGUAGE
     if instructions and copies_run(text, instructions, run_chars=ECHO_RUN_CHARS):
         return RULE_ECHO
     return None
+
+
+def check_sentence(text: str, *, banned: Iterable[str], language: Language, instructions: str = "") -> str | None:
+    """The first rule one sentence of a reply breaks, said on its own (`npc:say:part`), or None.
+
+    The rules of `check_reply` but the repeat rule, which is for the whole line (replies.md,
+    "Sentence by sentence").
+    """
+    return check_reply(text, banned=banned, last_line=None, language=language, instructions=instructions)
+
+
+def _compact(text: str) -> str:
+    return "".join(_normalise(text).split())
+
+
+def repeats(text: str, last_line: str | None) -> bool:
+    """Whether `text` equals `last_line` as the repeat rule compares them."""
+    return last_line is not None and _compact(text) == _compact(last_line)
+
+
+def may_repeat(start: str, last_line: str | None) -> bool:
+    """Whether a line that starts with `start` may still turn out equal to `last_line`."""
+    return last_line is not None and _compact(last_line).startswith(_compact(start))
 
 
 def regeneration_hint(rule: str, *, language: Language = "ja") -> str:

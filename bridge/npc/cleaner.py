@@ -32,16 +32,10 @@ Everything the model returns is untrusted text. `clean` runs the six steps of th
    whole sentence (「いらっしゃいませ。」「ごゆっくり。」), are removed; whitespace is
    tidied: runs (line breaks, full-width spaces) become one space, and spaces next to Japanese
    punctuation/brackets or before `, . ! ? ; : )` are dropped.
-6. Sentences end at `。！？!?` runs (and, for English characters, at a Latin `.` that is not part of
-   `..`/`...` and is followed by a space, the end, or a non-ASCII character, not by `5` in `3.5`),
-   with the closing quotes/brackets that follow (`」』）)”’"'〉》】`), except when a closing bracket
-   is followed by a quoting `と`/`って` (「本当ですか？」と聞かれました。 is one sentence);
-   `…`/`……` do not end a sentence. The first
-   `max_sentences` are kept; a final fragment without an end mark counts as a sentence because the
-   text is complete. Then at most `max_chars` characters: whole sentences are kept while they fit;
-   when not even the first fits, it is cut before the last `、`, `，`, `,` or space within the limit,
-   else at the limit. A quote left unbalanced by a cut (`「…` with its `」` cut off) loses its lone
-   bracket.
+6. Sentences (`bridge.npc.sentences`): the first `max_sentences`, then at most `max_chars`
+   characters.
+
+What of a reply still being streamed is already final is `bridge.npc.streaming`'s job.
 """
 
 from __future__ import annotations
@@ -53,13 +47,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bridge.markers import first_template_marker
+from bridge.npc.sentences import CLOSERS, END_MARKS, finish, fit_units, units, unquote
+from bridge.npc.sentences import split_sentences as split_sentences
 from bridge.speech import Emotion
 
 # Step 2 always treats these as the other side of the conversation.
 ALWAYS_OTHER_SPEAKERS: tuple[str, ...] = ("ユーザー", "User", "プレイヤー")
 
-_END_MARKS = "。！？!?"
-_CLOSERS = "」』）)”’\"'〉》】"
 _SPACE = r"[ \t\u3000]"
 
 # --- step 1 -------------------------------------------------------------------------------------
@@ -96,20 +90,8 @@ _UNCLOSED_STAR = re.compile(r"[*＊][^*＊\n]*\Z")
 _PAREN = re.compile(r"[（(][^（()）\n]*[）)]")
 _UNCLOSED_PAREN = re.compile(r"[（(][^（()）]*\Z")
 # Text before a parenthesis that makes it stand alone: nothing, a line break, or a sentence end.
-_BOUNDARY_BEFORE = re.compile(rf"(?:\A|\n|[{_END_MARKS}.][{_CLOSERS}]*){_SPACE}*\Z")
+_BOUNDARY_BEFORE = re.compile(rf"(?:\A|\n|[{END_MARKS}.][{CLOSERS}]*){_SPACE}*\Z")
 _LINE_END_AFTER = re.compile(rf"\A{_SPACE}*(?:\n|\Z)")
-
-# --- step 5 -------------------------------------------------------------------------------------
-_QUOTE_PAIRS: dict[str, str] = {"「": "」", "『": "』", "“": "”", "‘": "’", '"': '"', "＂": "＂"}
-
-# --- step 6 -------------------------------------------------------------------------------------
-# End marks (possessive: a run is one end), then all closing brackets; a quote closed and followed
-# by a quoting particle (「本当ですか？」と聞く) continues the sentence.
-_SENTENCE_END = re.compile(
-    rf"(?:[{_END_MARKS}]++|(?<!\.)\.(?=\s|\Z|[^\x00-\x7f]|[{_CLOSERS}]))"
-    rf"(?:[{_CLOSERS}]++(?!と|って)|(?![{_CLOSERS}]))"
-)
-_CUT_POINTS = "、，, "
 
 
 @dataclass(frozen=True)
@@ -121,7 +103,7 @@ class Cleaned:
 
 
 @dataclass(frozen=True)
-class _Body:
+class Body:
     text: str  # after steps 1-5
     emotion: Emotion
     cut: bool  # a cut point (template marker or another speaker's line) was found
@@ -132,11 +114,11 @@ class _Body:
 # per player was paid on the first reply to every new player.)
 _MAX_LABEL_CHARS = 64
 _LABEL = re.compile(
-    rf"(?:^|(?<=[{_END_MARKS}.{_CLOSERS}])){_SPACE}*(?:\[[^\[\]\n]*\]{_SPACE}*)*"
+    rf"(?:^|(?<=[{END_MARKS}.{CLOSERS}])){_SPACE}*(?:\[[^\[\]\n]*\]{_SPACE}*)*"
     rf"(?P<name>[^\n:：]{{1,{_MAX_LABEL_CHARS}}}?){_SPACE}*[:：]",
     re.MULTILINE,
 )
-_HONORIFICS = ("さん", "様", "さま")
+HONORIFICS = ("さん", "様", "さま")
 
 
 def _fold(name: str) -> str:
@@ -158,11 +140,20 @@ class OtherSpeakers:
     # The names holding a sentence end or a closer ("Dr. Kato"): the few a label check while streaming
     # must look at one by one. Computed with `names`, so no reply walks the cast to find them.
     spanning_names: frozenset[str] = frozenset()
+    # Every start of every name ("旅", "旅人", "旅人1"): whether a streamed tail may still grow into a
+    # label is one lookup, not a walk over the cast (bridge.npc.streaming).
+    prefixes: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, names: Iterable[str], *, own_names: Iterable[str] = ()) -> OtherSpeakers:
         folded = fold_names((*names, *ALWAYS_OTHER_SPEAKERS))
-        return cls(names=folded, own=fold_names(own_names), spanning_names=frozenset(filter(_spans, folded)))
+        prefixes = frozenset(name[:end] for name in folded for end in range(1, len(name) + 1))
+        return cls(
+            names=folded,
+            own=fold_names(own_names),
+            spanning_names=frozenset(filter(_spans, folded)),
+            prefixes=prefixes,
+        )
 
     def with_own(self, own_names: Iterable[str]) -> OtherSpeakers:
         return dataclasses.replace(self, own=fold_names(own_names))
@@ -181,9 +172,28 @@ class OtherSpeakers:
             return False
         return name in self.names or name == self.player
 
+    def may_become_label(self, tail: str) -> bool:
+        """Whether `tail` (case-folded, after a boundary) may still grow into one of these names' labels:
+        the start of a name, or a whole name then the start of an honorific. Own names count too here
+        (their prefix is removed, which changes the text after it just as much)."""
+        if tail in self.prefixes or (self.player and may_become_label(tail, self.player)):
+            return True
+        for end in range(1, min(len(tail), _MAX_LABEL_CHARS) + 1):
+            if tail[:end] in self.names and may_become_label(tail, tail[:end]):
+                return True
+        return False
+
+
+def may_become_label(tail: str, name: str) -> bool:
+    """Whether `tail` is the start of `name`'s label: of the name, or the name and of an honorific."""
+    if name.startswith(tail):
+        return True
+    after = tail[len(name) :].strip(" \t\u3000") if tail.startswith(name) else None
+    return after is not None and any(honorific.startswith(after) for honorific in ("", *HONORIFICS))
+
 
 def _spans(name: str) -> bool:
-    return any(char in name for char in _END_MARKS + "." + _CLOSERS)
+    return any(char in name for char in END_MARKS + "." + CLOSERS)
 
 
 def fold_names(names: Iterable[str]) -> frozenset[str]:
@@ -195,7 +205,7 @@ def _is_other(label: str, others: OtherSpeakers) -> bool:
     name = _fold(label)
     if name in others:
         return True
-    return any(name.endswith(h) and name[: -len(h)].rstrip() in others for h in _HONORIFICS)
+    return any(name.endswith(h) and name[: -len(h)].rstrip() in others for h in HONORIFICS)
 
 
 def other_names(own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> OtherSpeakers:
@@ -296,32 +306,6 @@ def _remove_stage_directions(text: str) -> str:
     return _drop_narration(text)
 
 
-def _encloses_whole(text: str, opener: str, closer: str) -> bool:
-    """Whether the opener at text[0] is closed by the closer at text[-1] (not earlier)."""
-    if opener == closer:
-        return text.count(opener) == 2
-    depth = 0
-    for index, char in enumerate(text):
-        if char == opener:
-            depth += 1
-        elif char == closer:
-            depth -= 1
-            if depth == 0:
-                return index == len(text) - 1
-    return False
-
-
-def _unquote(line: str) -> str:
-    text = line.strip()
-    while len(text) >= 2 and text[0] in _QUOTE_PAIRS:
-        opener = text[0]
-        closer = _QUOTE_PAIRS[opener]
-        if text[-1] != closer or not _encloses_whole(text, opener, closer):
-            break
-        text = text[1:-1].strip()
-    return text
-
-
 def _is_tight(char: str) -> bool:
     """Japanese punctuation, brackets and symbols: no space belongs next to them."""
     return ord(char) > 0x2000 and unicodedata.category(char)[0] in "PS"
@@ -341,13 +325,13 @@ def _tidy_whitespace(text: str) -> str:
 
 def _speaker_and_quotes(text: str, own: frozenset[str]) -> str:
     """Step 5."""
-    lines = [_unquote(_strip_own_prefix(line, own)) for line in text.split("\n")]
+    lines = [unquote(_strip_own_prefix(line, own)) for line in text.split("\n")]
     text = _strip_own_prefix(_tidy_whitespace("\n".join(lines)), own)
-    return _unquote(text)
+    return unquote(text)
 
 
-def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> _Body:
-    """Steps 1-5."""
+def clean_body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers) -> Body:
+    """Steps 1-5: the tidied text (not yet cut into sentences), its emotion, whether a cut point was found."""
     text, cut_marker = _cut_markers(raw)
     text, cut_speaker = _cut_other_speakers(text, other_names(own_names, other_speakers))
     text, emotion = _take_emotion(text)
@@ -356,48 +340,7 @@ def _body(raw: str, own_names: Sequence[str], other_speakers: Sequence[str] | Ot
     text = _speaker_and_quotes(text, fold_names(own_names))
     # Again, for narration that stood alone only once the prefix was gone ("みのり：（微笑む）はい。").
     text = _tidy_whitespace(_drop_narration(text))
-    return _Body(text=text, emotion=emotion, cut=cut_marker or cut_speaker)
-
-
-def split_sentences(text: str) -> tuple[list[str], str]:
-    """Split tidied text into complete sentences (each with its end mark and closers) and the rest."""
-    sentences: list[str] = []
-    start = 0
-    for end in _SENTENCE_END.finditer(text):
-        sentences.append(text[start : end.end()])
-        start = end.end()
-    return sentences, text[start:]
-
-
-def _cut_to_chars(sentences: list[str], max_chars: int) -> list[str]:
-    kept: list[str] = []
-    for sentence in sentences:
-        if len("".join([*kept, sentence]).strip()) > max_chars:
-            break
-        kept.append(sentence)
-    if kept:
-        return kept
-    # Not even the first sentence fits: cut it before its last pause within the limit.
-    window = sentences[0].strip()[:max_chars]
-    pause = max(window.rfind(mark) for mark in _CUT_POINTS)
-    return [window[:pause] if pause > 0 else window]
-
-
-def _balance_quotes(text: str) -> str:
-    """Drop a lone opening quote at the start or closing quote at the end left by a cut."""
-    for opener, closer in _QUOTE_PAIRS.items():
-        if opener == closer:
-            if text.count(opener) % 2 == 1:
-                if text.startswith(opener):
-                    text = text[1:]
-                elif text.endswith(opener):
-                    text = text[:-1]
-            continue
-        if text.startswith(opener) and text.count(opener) > text.count(closer):
-            text = text[1:]
-        if text.endswith(closer) and text.count(closer) > text.count(opener):
-            text = text[:-1]
-    return text.strip()
+    return Body(text=text, emotion=emotion, cut=cut_marker or cut_speaker)
 
 
 def clean(
@@ -416,118 +359,8 @@ def clean(
     The result may be empty (the raw text was only a stage direction, a marker, …); the
     checks then ask for a regeneration. Run `split_inline_memory` first for inline-memory characters.
     """
-    body = _body(raw, own_names, other_speakers)
-    complete, rest = split_sentences(body.text)
-    units = [*complete, rest] if rest.strip() else complete
-    # A sentence quoted on its own (「いらっしゃいませ。」「ごゆっくり。」) is a line in quotes too.
-    units = [unit[: len(unit) - len(unit.lstrip())] + _unquote(unit) for unit in units]
-    kept = units[: max(1, max_sentences)]
-    if kept and max_chars > 0:
-        kept = _cut_to_chars(kept, max_chars)
-    return Cleaned(text=_balance_quotes("".join(kept).strip()), emotion=body.emotion)
-
-
-def has_enough(
-    raw_so_far: str,
-    *,
-    own_names: Sequence[str],
-    other_speakers: Sequence[str] | OtherSpeakers,
-    max_sentences: int,
-) -> bool:
-    """Whether reading the stream can stop now: what is still to come would be cut anyway.
-
-    True as soon as either
-    - the raw text holds a cut point: a complete template marker (step 1) or another speaker's
-      label with its colon at a line or sentence start (step 2): everything after is cut anyway; or
-    - the cleaned text (steps 1-5 on what arrived so far) holds `max_sentences` *complete* sentences.
-    Then call `clean` on the text received so far. (An emotion tag the model would only have
-    written after those sentences is missed: models put it first.)
-
-    A sentence is complete only when something other than more end marks, closing quotes/brackets
-    or whitespace came after its end mark: "ですね。" may still get its "」", so the last sentence
-    end counts only when the raw text does not end in an end mark, a closing bracket/quote or
-    whitespace; a Latin "." ending the cleaned text also waits for what follows ("3.5", "...").
-    This is conservative: a narration "（微笑む）" at the end also waits for one more character.
-    A trailing fragment without an end mark never counts. What the cleaner cuts while it is still
-    open never counts either: the text inside an unclosed `<…` / `＜…` (a stage direction or a
-    half-received marker such as "<assist"), an unclosed `[` tag or `*`, or a narration `（` at a
-    sentence boundary.
-
-    For a character with inline memory (`memory.extract: "inline"`), stopping early would lose the
-    `<memory>` block written after the reply: read such a stream to its end.
-    """
-    if not _may_have_enough(raw_so_far, max_sentences):
-        return False
-    return _has_enough(raw_so_far, own_names=own_names, other_speakers=other_speakers, max_sentences=max_sentences)
-
-
-# What every cut point holds: a template marker `<` or `[INST]`, a heading `#`, a label's colon.
-_CUT_HINTS = ("<", "#", ":", "：")
-
-
-def _may_have_enough(raw: str, max_sentences: int) -> bool:
-    """A cheap test `has_enough` runs first, on every streamed chunk: False only when it would be False.
-
-    Each complete sentence holds an end mark (`。！？!?` or `.`), and the cleaner never adds one; so
-    with no possible cut point and fewer end marks than the sentences wanted, there is nothing to
-    find. Most chunks stop here instead of running steps 1-5 on the whole text again.
-    """
-    if any(hint in raw for hint in _CUT_HINTS) or ("[" in raw and "[inst" in raw.lower()):
-        return True
-    ends = sum(raw.count(mark) for mark in _END_MARKS) + raw.count(".")
-    return ends >= max(1, max_sentences)
-
-
-def _has_enough(
-    raw_so_far: str, *, own_names: Sequence[str], other_speakers: Sequence[str] | OtherSpeakers, max_sentences: int
-) -> bool:
-    body = _body(raw_so_far, own_names, other_speakers)
-    if body.cut:
-        return True
-    complete, rest = split_sentences(body.text)
-    count = len(complete)
-    tail = raw_so_far[-1:]
-    if count and not rest.strip():
-        # The last end mark may still get its closing bracket; a Latin "." at the end is an end only
-        # if what comes next is a space (it may turn out to be "3.5" or "...").
-        waiting = tail in _END_MARKS or tail in _CLOSERS or tail == "." or tail.isspace()
-        if waiting or complete[-1].rstrip(_CLOSERS).endswith("."):
-            count -= 1
-    return count >= max(1, max_sentences)
-
-
-_MEMORY_OPEN = re.compile(r"<\s*memory\s*>", re.IGNORECASE)
-_MEMORY_CLOSE = re.compile(r"<\s*/\s*memory\s*>", re.IGNORECASE)
-_BULLET = re.compile(r"\A(?:[-‐－・*•]|\d+[.)．])\s*")
-
-
-def split_inline_memory(raw: str) -> tuple[str, list[str]]:
-    """Split a reply with inline memory (characters.md `memory.extract: "inline"`).
-
-    Returns the spoken part (every `<memory>…</memory>` block removed, and an unclosed `<memory>` to
-    the end) and the memory lines: one per non-empty line inside the blocks, stripped, with a
-    leading bullet (`- `, `・`, `* `, `1. `) removed. The lines are candidates: memory checks decide.
-    Run it before `clean`.
-    """
-    spoken: list[str] = []
-    lines: list[str] = []
-    rest = raw
-    while True:
-        opening = _MEMORY_OPEN.search(rest)
-        if opening is None:
-            spoken.append(rest)
-            break
-        spoken.append(rest[: opening.start()])
-        inside_and_after = rest[opening.end() :]
-        closing = _MEMORY_CLOSE.search(inside_and_after)
-        if closing is None:
-            inside, rest = inside_and_after, ""
-        else:
-            inside, rest = inside_and_after[: closing.start()], inside_and_after[closing.end() :]
-        for line in inside.splitlines():
-            item = _BULLET.sub("", line.strip()).strip()
-            if item:
-                lines.append(item)
-        if not rest:
-            break
-    return "".join(spoken), lines
+    body = clean_body(raw, own_names, other_speakers)
+    found, _ = units(body.text)
+    kept, _ = fit_units(found, max_sentences=max_sentences, max_chars=max_chars)
+    spoken = finish(kept)
+    return Cleaned(text="".join(spoken), emotion=body.emotion)

@@ -54,9 +54,7 @@ class Conversations:
         """What the world's routines just had this NPC say to this player (or to everyone)."""
         horizon = self._clock() - WORLD_LINE_SECONDS
         lines = [
-            text
-            for at, target, text in self._world.get(npc_id, ())
-            if at >= horizon and target in (None, player_id)
+            text for at, target, text in self._world.get(npc_id, ()) if at >= horizon and target in (None, player_id)
         ]
         return lines[-MAX_WORLD_LINES:]
 

@@ -4,6 +4,15 @@ An NPC answers one line at a time, in order. A line is *queued* until its reques
 LLM (waiting for the NPC or for the LLM slot both count); while queued, a newer line from the same
 player to the same NPC replaces it, and `player:left` drops it — neither gets an `npc:say`. A line
 already sent to the LLM is always answered: with the reply, or with a fallback line.
+
+The reply deadline counts from the moment a line reached the bridge (`handle`), queue time
+included: each line carries one `Deadline` from its arrival. A line whose deadline passed before
+its request went to the LLM (waiting for the NPC, the recall, or the LLM slot) is answered with a
+fallback at once and never sent; one sent to the LLM gets only what is left. Deadlines follow the
+arrival order of an NPC's queue, so a line never waits past its own deadline behind an earlier one.
+
+When the world wants parts (`Speaker.parts_wanted`, read as the LLM request starts), each final,
+checked sentence goes out as `npc:say:part` before the line's one `npc:say`.
 """
 
 from __future__ import annotations
@@ -18,14 +27,17 @@ from typing import Protocol
 
 import structlog
 
-from bridge.llm.gate import LLMGate, Priority
-from bridge.memory.keeper import RECALL_TIMEOUT_SECONDS
+from bridge.llm.gate import LLMGate
 from bridge.memory.recall import Recalled, recall_fields
 from bridge.npc.characters import Character, Roster
 from bridge.npc.conversation import Conversations
-from bridge.npc.prompt import Exchange, sanitize_player_text
-from bridge.npc.responder import Reply, ReplyContext, Responder
-from bridge.world.messages import NpcEvent, PlayerLeft, Say, Talk, Typing
+from bridge.npc.deadline import Deadline
+from bridge.npc.parts import PartSink
+from bridge.npc.prompt import sanitize_player_text
+from bridge.npc.responder import Reply, Responder
+from bridge.npc.turns import Memory, ReplyPath, Turn
+from bridge.speech import Emotion
+from bridge.world.messages import NpcEvent, PlayerLeft, Say, SayPart, Talk, Typing
 
 log = structlog.get_logger(__name__)
 
@@ -36,33 +48,28 @@ SHUTDOWN_GRACE_SECONDS = 5.0
 class Speaker(Protocol):
     """The world link's mouth."""
 
+    @property
+    def parts_wanted(self) -> bool:
+        """Whether the connected world wants `npc:say:part` now (it offered `say-parts`, not turned off)."""
+        ...
+
     async def say(self, message: Say) -> None: ...
 
+    async def say_part(self, message: SayPart) -> None: ...
+
     async def typing(self, message: Typing) -> None: ...
-
-
-class Memory(Protocol):
-    """What the dispatcher needs of the memory keeper."""
-
-    def touch(self, npc_id: str) -> None: ...
-
-    async def recall(self, npc_id: str, *, query: str, previous: str | None = None) -> Sequence[Recalled]: ...
-
-    async def note_exchange(self, npc_id: str, *, player: str, npc: str, at: datetime) -> None: ...
-
-    async def note_event(self, npc_id: str, *, text: str, at: datetime) -> None: ...
-
-    async def save_inline(self, npc_id: str, lines: list[str], *, at: datetime) -> object: ...
 
 
 @dataclass(eq=False)
 class _Line:
     talk: Talk
     text: str  # sanitised player text
-    received: float  # event-loop time
+    received: float  # time.monotonic() when it reached the bridge
+    deadline: Deadline  # the reply deadline, from `received`
     dropped: bool = False
     sent: bool = False  # its request went to the LLM: it will be answered
     recalled: Sequence[Recalled] = ()  # the memories its prompt holds, for the reply's log line
+    parts: list[SayPart] = field(default_factory=list)  # the npc:say:part sent for it
 
 
 @dataclass(eq=False)
@@ -71,7 +78,6 @@ class _NpcQueue:
     lines: deque[_Line] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     current: _Line | None = None
-    scope: asyncio.Timeout | None = None
     # The latest exchange being written to memory: the next one waits for it, so the pending
     # conversation keeps its order, while the NPC already works on its next line.
     noting: asyncio.Task[None] | None = None
@@ -92,8 +98,7 @@ class Dispatcher:
     ) -> None:
         self._speaker = speaker
         self._responder = responder
-        self._gate = gate
-        self._memory = memory
+        self._path = ReplyPath(responder=responder, gate=gate, memory=memory, conversations=conversations)
         self._conversations = conversations
         self._deadline_seconds = reply_deadline_seconds
         self._log_content = log_content
@@ -123,8 +128,13 @@ class Dispatcher:
         if self._closing:
             log.info("talk_ignored", reason="shutting down", npc=talk.npc_id, event_id=talk.id)
             return
-        loop_now = asyncio.get_running_loop().time()
-        line = _Line(talk=talk, text=sanitize_player_text(talk.text), received=loop_now)
+        now = time.monotonic()
+        line = _Line(
+            talk=talk,
+            text=sanitize_player_text(talk.text),
+            received=now,
+            deadline=Deadline.after(self._deadline_seconds, since=now),
+        )
         for old in [old for old in queue.lines if old.talk.player_id == talk.player_id]:
             queue.lines.remove(old)
             self._drop(old, "superseded", by=talk.id)
@@ -135,7 +145,7 @@ class Dispatcher:
             self._drop(queue.lines.popleft(), "queue full")
         queue.lines.append(line)
         queue.wake.set()
-        self._memory.touch(talk.npc_id)
+        self._path.memory.touch(talk.npc_id)
         log.info(
             "talk_queued",
             npc=talk.npc_id,
@@ -154,7 +164,7 @@ class Dispatcher:
             # Written in the NPC's note order, not awaited here: a memory write (an fsync) would hold
             # up every talk behind this event.
             npc_id, text, at = event.npc_id, event.text, _from_ms(event.at)
-            self._note_later(queue, lambda: self._memory.note_event(npc_id, text=text, at=at))
+            self._note_later(queue, lambda: self._path.memory.note_event(npc_id, text=text, at=at))
 
     def _player_left(self, player_id: str) -> None:
         for queue in self._queues.values():
@@ -215,61 +225,56 @@ class Dispatcher:
                 # A bug in one reply must not silence the NPC: log it whole and move on.
                 log.exception("reply_crashed", npc=line.talk.npc_id, event_id=line.talk.id)
                 if line.sent:
-                    await self._say(queue, line, self._responder.fallback(queue.character, error="bug"))
+                    fallback = self._responder.fallback(queue.character, error="bug")
+                    await self._say(queue, line, _said_so_far(line) or fallback)
             finally:
                 queue.current = None
-                queue.scope = None
                 if all(q.current is None for q in self._queues.values()):
                     self._idle.set()
 
     async def _answer(self, queue: _NpcQueue, line: _Line) -> None:
-        character, talk = queue.character, line.talk
+        talk, deadline = line.talk, line.deadline
         structlog.contextvars.bind_contextvars(npc=talk.npc_id, player=talk.player_id, event_id=talk.id)
         try:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            deadline = started + self._deadline_seconds
-            await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=True))
-            context = await self._context(character, line)
-            async with self._gate.slot(Priority.REPLY):
-                if line.dropped or self._closing:
-                    if not line.dropped:
-                        self._drop(line, "shutting down")
-                    await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=False))
-                    return
+            started = time.monotonic()
+            if deadline.passed:
+                # It waited its whole deadline for the NPC: answered now, never sent to the LLM.
+                log.warning("reply_deadline_passed", where="queued", deadline_s=self._deadline_seconds)
                 line.sent = True
-                waited_ms = (loop.time() - started) * 1000
-                try:
-                    async with asyncio.timeout_at(deadline) as scope:
-                        queue.scope = scope
-                        reply = await self._responder.respond(context, deadline=deadline)
-                except TimeoutError:
-                    # Shutdown shortened the deadline (see drain): still answer.
-                    reply = self._responder.fallback(character, error="shutdown")
-                finally:
-                    queue.scope = None
-            await self._say(queue, line, reply, started=started, waited_ms=waited_ms)
+                fallback = self._responder.fallback(queue.character, error="deadline")
+                await self._say(queue, line, fallback, started=started)
+                return
+            await self._speaker.typing(Typing(npc_id=talk.npc_id, reply_to=talk.id, on=True))
+            waited: list[float] = []
+
+            def sending() -> bool:
+                if line.dropped or self._closing:
+                    return False
+                line.sent = True
+                waited.append((time.monotonic() - started) * 1000)
+                return True
+
+            def parts() -> PartSink | None:
+                return _part_sender(self._speaker, line) if self._speaker.parts_wanted else None
+
+            def recalled(items: Sequence[Recalled]) -> None:
+                line.recalled = items
+
+            reply = await self._path.answer(
+                _turn(queue.character, line), parts=parts, sending=sending, on_recall=recalled
+            )
+            if reply is None:
+                await self._give_up(line)
+                return
+            await self._say(queue, line, reply, started=started, waited_ms=waited[0] if waited else 0.0)
         finally:
             structlog.contextvars.unbind_contextvars("npc", "player", "event_id")
 
-    async def _context(self, character: Character, line: _Line) -> ReplyContext:
-        talk = line.talk
-        history = self._conversations.history(talk.npc_id, talk.player_id)
-        previous = history[-1].player if history else None
-        try:
-            async with asyncio.timeout(RECALL_TIMEOUT_SECONDS):
-                line.recalled = await self._memory.recall(talk.npc_id, query=line.text, previous=previous)
-        except Exception as exc:  # noqa: BLE001 - a reply goes on without memories
-            log.warning("recall_failed", error_type=type(exc).__name__)
-        return ReplyContext(
-            character=character,
-            player_line=line.text,
-            player_name=talk.player_name,
-            world_lines=self._conversations.world_lines(talk.npc_id, talk.player_id),
-            memories=line.recalled,
-            history=history,
-            last_said=self._conversations.last_said(talk.npc_id, talk.player_id),
-        )
+    async def _give_up(self, line: _Line) -> None:
+        """A line dropped before its request went out: typing off, no say."""
+        if not line.dropped:
+            self._drop(line, "shutting down")
+        await self._speaker.typing(Typing(npc_id=line.talk.npc_id, reply_to=line.talk.id, on=False))
 
     async def _say(
         self,
@@ -284,8 +289,7 @@ class Dispatcher:
         await self._speaker.say(
             Say(npc_id=talk.npc_id, reply_to=talk.id, text=reply.text, emotion=reply.emotion, source=reply.source)
         )
-        now = datetime.now(UTC)
-        self._conversations.record(talk.npc_id, talk.player_id, Exchange(player=line.text, npc=reply.text))
+        write_memory = self._path.note(_turn(queue.character, line), reply)
         stats = reply.stats
         log.info(
             "reply_said",
@@ -294,8 +298,9 @@ class Dispatcher:
             event_id=talk.id,
             source=reply.source,
             emotion=reply.emotion,
-            latency_ms=round((asyncio.get_running_loop().time() - (started or line.received)) * 1000, 1),
+            latency_ms=round((time.monotonic() - (started or line.received)) * 1000, 1),
             queued_ms=round(((started or line.received) - line.received) * 1000, 1),
+            since_arrival_ms=round((time.monotonic() - line.received) * 1000, 1),
             slot_wait_ms=round(waited_ms, 1),
             model=stats.model if stats else None,
             backend=stats.backend if stats else None,
@@ -303,6 +308,9 @@ class Dispatcher:
             prompt_eval_count=stats.prompt_eval_count if stats else None,
             llm_total_ms=stats.total_duration_ms if stats else None,
             stopped_early=reply.stopped_early,
+            parts=len(reply.parts),
+            first_part_ms=reply.first_part_ms,
+            cut_rule=reply.cut_rule,
             failed_rules=reply.failed_rules or None,
             error=reply.error,
             chars=len(reply.text),
@@ -310,12 +318,7 @@ class Dispatcher:
             player_text=line.text if self._log_content else None,
             npc_text=reply.text if self._log_content else None,
         )
-        self._note_later(queue, lambda: self._note_exchange(talk.npc_id, line.text, reply, now))
-
-    async def _note_exchange(self, npc_id: str, player: str, reply: Reply, at: datetime) -> None:
-        await self._memory.note_exchange(npc_id, player=player, npc=reply.text, at=at)
-        if reply.memory_lines:
-            await self._memory.save_inline(npc_id, reply.memory_lines, at=at)
+        self._note_later(queue, write_memory)
 
     def _note_later(self, queue: _NpcQueue, write: Callable[[], Awaitable[None]]) -> None:
         """Write to the NPC's pending conversation after the previous note, while the NPC goes on."""
@@ -346,10 +349,9 @@ class Dispatcher:
     async def drain(self, grace_seconds: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Let replies in flight finish within the grace; past it they are answered with a fallback."""
         self.close()
-        loop = asyncio.get_running_loop()
         for queue in self._queues.values():
-            if queue.scope is not None and (queue.scope.when() or 0) > loop.time() + grace_seconds:
-                queue.scope.reschedule(loop.time() + grace_seconds)
+            if queue.current is not None:
+                queue.current.deadline.shorten(grace_seconds)
         try:
             async with asyncio.timeout(grace_seconds + 2.0):
                 await self._idle.wait()
@@ -358,6 +360,31 @@ class Dispatcher:
                     await asyncio.wait(set(self._notes))
         except TimeoutError:
             log.warning("shutdown_replies_unfinished")
+
+
+def _turn(character: Character, line: _Line) -> Turn:
+    talk = line.talk
+    return Turn(character, talk.player_id, talk.player_name, line.text, line.deadline)
+
+
+def _part_sender(speaker: Speaker, line: _Line) -> PartSink:
+    """Sends each part of `line`'s reply as `npc:say:part`, and keeps what was sent."""
+    talk = line.talk
+
+    async def send(index: int, text: str, emotion: Emotion) -> None:
+        part = SayPart(npc_id=talk.npc_id, reply_to=talk.id, index=index, text=text, emotion=emotion)
+        await speaker.say_part(part)
+        line.parts.append(part)
+
+    return send
+
+
+def _said_so_far(line: _Line) -> Reply | None:
+    """After a bug: the line its parts already said (never taken back), if any."""
+    if not line.parts:
+        return None
+    texts = [part.text for part in line.parts]
+    return Reply("".join(texts), line.parts[0].emotion, "generated", error="bug", parts=texts)
 
 
 def _from_ms(epoch_ms: float) -> datetime:

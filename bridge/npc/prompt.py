@@ -224,9 +224,7 @@ def build_reply_messages(
     """
     system = ChatMessage(
         "system",
-        system_message(
-            character, max_sentences=max_sentences, world_lines=world_lines, memory_subject=memory_subject
-        ),
+        system_message(character, max_sentences=max_sentences, world_lines=world_lines, memory_subject=memory_subject),
     )
     player = _player_message(player_line, hint)
     kept_memories = list(memories)

@@ -1,8 +1,25 @@
-"""One reply: prompt → LLM stream (stopped once enough is said) → cleaner → checks → regenerate or fall back."""
+"""One reply: prompt → LLM stream → cleaner → checks → regenerate or fall back, whole or sentence by sentence.
+
+Whole line (`on_part` None): the stream is read until the line is complete (`has_enough`), cleaned,
+and checked whole (replies.md "Checks"); a failure is generated once more with a hint, then a
+fallback line.
+
+Sentence by sentence (`on_part` given; replies.md "Sentence by sentence"): every sentence of the
+line that is final (`streaming.final_sentences`) is checked on its own and handed to `on_part` at
+once, in order (`parts.SaidParts`, which also keeps the repeat rule whole-line). Part 0 failing →
+nothing was said: the try is given up (its stream closed) and regenerated, the second try
+streaming parts the same way. A later part failing → the line ends with the parts already sent
+(`cut_rule`, logged as `reply_part_cut`). After part 0, an LLM error or the deadline ends the line
+with the parts sent, under the source of the try that sent them; with no part sent it is a
+fallback, never sent in parts. The reply's text is then exactly the parts joined, its emotion that
+of part 0.
+
+One `Deadline` bounds the whole reply: one timeout scope here, and what is left of it is each LLM
+request's `deadline_seconds`.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import aclosing
@@ -14,9 +31,13 @@ from bridge.errors import LLMError
 from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest, GenerationStats, LLMBackend
 from bridge.memory.recall import Recalled
 from bridge.npc.characters import Character, Roster
-from bridge.npc.checks import check_reply, regeneration_hint
-from bridge.npc.cleaner import OtherSpeakers, clean, has_enough, split_inline_memory
+from bridge.npc.checks import RULE_EMPTY, RULE_REPEAT, check_reply, regeneration_hint
+from bridge.npc.cleaner import OtherSpeakers
+from bridge.npc.deadline import Deadline
+from bridge.npc.fallbacks import Fallbacks
+from bridge.npc.parts import PartSink, Rules, SaidParts
 from bridge.npc.prompt import Exchange, build_reply_messages, system_message
+from bridge.npc.streaming import Cleaning, split_inline_memory
 from bridge.settings import Settings
 from bridge.speech import Emotion, ReplySource
 
@@ -53,6 +74,17 @@ class Reply:
     failed_rules: list[str] = field(default_factory=list)
     error: str | None = None
     stopped_early: bool = False
+    parts: list[str] = field(default_factory=list)  # the parts sent; joined they are `text`
+    cut_rule: str | None = None  # the rule a later part failed: the line ended before it
+    requested_at: float | None = None  # time.monotonic() of the reply's first LLM request
+    first_part_at: float | None = None  # time.monotonic() when part 0 was handed over
+
+    @property
+    def first_part_ms(self) -> float | None:
+        """From the reply's first LLM request to part 0 handed to the world."""
+        if self.requested_at is None or self.first_part_at is None:
+            return None
+        return round((self.first_part_at - self.requested_at) * 1000, 1)
 
 
 @dataclass
@@ -60,19 +92,7 @@ class _Attempt:
     raw: str
     stats: GenerationStats | None
     stopped_early: bool
-
-
-class Fallbacks:
-    """Rotates each character's fallback lines so the same one is never said twice in a row."""
-
-    def __init__(self) -> None:
-        self._next: dict[str, int] = {}
-
-    def next_line(self, character: Character) -> str:
-        lines = character.fallback_lines
-        index = self._next.get(character.id, 0) % len(lines)
-        self._next[character.id] = index + 1
-        return lines[index]
+    rule: str | None = None  # a part failed this rule while streaming (part 0: regenerate)
 
 
 class CastSpeakers:
@@ -135,75 +155,161 @@ class Responder:
     def _other_speakers(self, character: Character, player_name: str) -> OtherSpeakers:
         return self._speakers.of(character, player_name)
 
-    async def respond(self, context: ReplyContext, *, deadline: float) -> Reply:
-        """Generate, clean and check; `deadline` is an event-loop time. Past it: a fallback line."""
+    async def respond(self, context: ReplyContext, *, deadline: Deadline, on_part: PartSink | None = None) -> Reply:
+        """Generate, clean and check (sentence by sentence with `on_part`).
+
+        Past `deadline`, or on an LLM error: the parts already sent, else a fallback line.
+        """
         character = context.character
-        rules: list[str] = []
+        said = SaidParts(sink=on_part)
+        failed: list[str] = []
+        # The world's lines are left out: repeating what the world just said is not an echo.
+        instructions = system_message(
+            character,
+            max_sentences=self._settings.reply_max_sentences,
+            world_lines=(),
+            memory_subject=self._settings.memory_subject,
+        )
+        rules = Rules(
+            banned=(*self._banned_global, *character.banned),
+            last_said=context.last_said,
+            language=character.speech.language,
+            instructions=instructions,
+        )
+        history = list(context.history)
+        hint: str | None = None
         try:
-            async with asyncio.timeout_at(deadline):
-                history = list(context.history)
-                hint: str | None = None
-                # The world's lines are left out: repeating what the world just said is not an echo.
-                instructions = system_message(
-                    character,
-                    max_sentences=self._settings.reply_max_sentences,
-                    world_lines=(),
-                    memory_subject=self._settings.memory_subject,
-                )
+            async with deadline.scope():
                 for source in ("generated", "regenerated"):
-                    attempt = await self._generate(context, history=history, hint=hint, deadline=deadline)
-                    spoken, memory_lines = (
-                        split_inline_memory(attempt.raw)
-                        if character.memory.extract == "inline"
-                        else (attempt.raw, [])
-                    )
-                    cleaned = clean(
-                        spoken,
-                        own_names=[character.name, character.short_name],
-                        other_speakers=self._other_speakers(character, context.player_name),
-                        max_sentences=self._settings.reply_max_sentences,
-                        max_chars=self._settings.reply_max_chars,
-                    )
-                    rule = check_reply(
-                        cleaned.text,
-                        banned=(*self._banned_global, *character.banned),
-                        last_line=context.last_said,
-                        language=character.speech.language,
-                        instructions=instructions,
-                    )
-                    log.info(
-                        "reply_attempt",
-                        source=source,
-                        rule=rule,
-                        raw_chars=len(attempt.raw),
-                        stopped_early=attempt.stopped_early,
-                        raw=attempt.raw,
-                    )
-                    if rule is None:
-                        return Reply(
-                            text=cleaned.text,
-                            emotion=cleaned.emotion,
-                            source=source,
-                            memory_lines=memory_lines,
-                            stats=attempt.stats,
-                            failed_rules=rules,
-                            stopped_early=attempt.stopped_early,
-                        )
-                    rules.append(rule)
-                    hint = regeneration_hint(rule)
-                    if rule == "repeat":
+                    said.source = source
+                    reply, rule = await self._try(context, said, rules, history=history, hint=hint, deadline=deadline)
+                    if reply is not None:
+                        reply.failed_rules = failed
+                        return reply
+                    failed.append(rule)
+                    hint = regeneration_hint(rule, language=character.speech.language)
+                    if rule == RULE_REPEAT:
                         # The copied line must not stand in the history the model imitates.
                         history = [ex for ex in history if ex.npc != context.last_said]
         except TimeoutError:
-            log.warning("reply_deadline_passed", deadline_s=self._settings.reply_deadline_seconds)
-            return self.fallback(character, error="deadline", rules=rules)
+            seconds = self._settings.reply_deadline_seconds
+            log.warning("reply_deadline_passed", deadline_s=seconds, reason=deadline.reason, parts=len(said.parts))
+            return self._cut_short(character, said, failed, error=deadline.reason)
         except LLMError as exc:
-            log.warning("reply_llm_failed", error_type=type(exc).__name__, error=str(exc))
-            return self.fallback(character, error=type(exc).__name__, rules=rules)
-        return self.fallback(character, rules=rules)
+            log.warning("reply_llm_failed", error_type=type(exc).__name__, error=str(exc), parts=len(said.parts))
+            return self._cut_short(character, said, failed, error=type(exc).__name__)
+        return self.fallback(character, rules=failed)
+
+    def _cut_short(self, character: Character, said: SaidParts, failed: list[str], *, error: str) -> Reply:
+        """The reply after an error or the deadline: the parts already sent, else a fallback."""
+        if not said.parts:
+            return self.fallback(character, error=error, rules=failed)
+        return self._said_reply(said, failed_rules=failed, error=error)
+
+    def _said_reply(
+        self,
+        said: SaidParts,
+        *,
+        failed_rules: list[str] | None = None,
+        error: str | None = None,
+        attempt: _Attempt | None = None,
+        memory_lines: list[str] | None = None,
+        cut_rule: str | None = None,
+    ) -> Reply:
+        """The line made of the parts sent: their text joined, part 0's emotion, the try's source."""
+        return Reply(
+            text="".join(said.parts),
+            emotion=said.emotion,
+            source=said.source,
+            memory_lines=memory_lines or [],
+            stats=attempt.stats if attempt else None,
+            failed_rules=failed_rules or [],
+            error=error,
+            stopped_early=attempt.stopped_early if attempt else False,
+            parts=list(said.parts),
+            cut_rule=cut_rule,
+            requested_at=said.requested_at,
+            first_part_at=said.first_part_at,
+        )
+
+    async def _try(
+        self,
+        context: ReplyContext,
+        said: SaidParts,
+        rules: Rules,
+        *,
+        history: list[Exchange],
+        hint: str | None,
+        deadline: Deadline,
+    ) -> tuple[Reply | None, str]:
+        """One try: the reply, or None and the rule the line (or its part 0) failed."""
+        character = context.character
+        attempt = await self._generate(context, said, rules, history=history, hint=hint, deadline=deadline)
+        inline = character.memory.extract == "inline"
+        spoken, memory_lines = split_inline_memory(attempt.raw) if inline else (attempt.raw, [])
+        if said.sink is None:
+            cleaned = self._cleaning(context).clean(spoken)
+            rule = check_reply(
+                cleaned.text,
+                banned=rules.banned,
+                last_line=rules.last_said,
+                language=character.speech.language,
+                instructions=rules.instructions,
+            )
+            text, emotion = cleaned.text, cleaned.emotion
+        else:
+            rule = attempt.rule
+            if rule is None:
+                progress = self._cleaning(context).final(spoken, ended=True)
+                rule = await said.release(progress, rules)
+            if rule is None and not said.parts:
+                rule = RULE_EMPTY
+            text, emotion = "".join(said.parts), said.emotion
+        log.info(
+            "reply_attempt",
+            source=said.source,
+            rule=rule,
+            raw_chars=len(attempt.raw),
+            stopped_early=attempt.stopped_early,
+            parts=len(said.parts) if said.sink is not None else None,
+            raw=attempt.raw,
+        )
+        if said.parts:
+            # Something was said: the line ends with it, whatever a later part broke.
+            if rule is not None:
+                log.warning("reply_part_cut", rule=rule, index=len(said.parts), parts=len(said.parts))
+            kept = memory_lines if rule is None else []
+            return self._said_reply(said, attempt=attempt, memory_lines=kept, cut_rule=rule), ""
+        if rule is not None:
+            return None, rule
+        return Reply(
+            text=text,
+            emotion=emotion,
+            source=said.source,
+            memory_lines=memory_lines,
+            stats=attempt.stats,
+            stopped_early=attempt.stopped_early,
+            requested_at=said.requested_at,
+        ), ""
+
+    def _cleaning(self, context: ReplyContext) -> Cleaning:
+        character = context.character
+        return Cleaning(
+            own_names=(character.name, character.short_name),
+            other_speakers=self._other_speakers(character, context.player_name),
+            max_sentences=self._settings.reply_max_sentences,
+            max_chars=self._settings.reply_max_chars,
+        )
 
     async def _generate(
-        self, context: ReplyContext, *, history: list[Exchange], hint: str | None, deadline: float
+        self,
+        context: ReplyContext,
+        said: SaidParts,
+        rules: Rules,
+        *,
+        history: list[Exchange],
+        hint: str | None,
+        deadline: Deadline,
     ) -> _Attempt:
         character = context.character
         inline = character.memory.extract == "inline"
@@ -220,36 +326,45 @@ class Responder:
             max_reply_tokens=max_tokens,
             memory_subject=self._settings.memory_subject,
         )
-        remaining = max(0.1, deadline - asyncio.get_running_loop().time())
         request = GenerationRequest(
             messages=messages,
             model=character.llm.model or self._settings.llm_model,
             temperature=REPLY_TEMPERATURE,
             max_tokens=max_tokens,
-            deadline_seconds=remaining,
+            deadline_seconds=max(0.1, deadline.remaining()),
             stop=(*TEMPLATE_STOP_STRINGS, *TURN_STOP_STRINGS),
             lane=character.llm.lane,
             kind="reply",
         )
-        own = [character.name, character.short_name]
-        others = self._other_speakers(character, context.player_name)
+        cleaning = self._cleaning(context)
         raw = ""
         stats: GenerationStats | None = None
         stopped_early = False
+        rule: str | None = None
+        said.final_seen = 0
         started = time.monotonic()
+        if said.requested_at is None:
+            said.requested_at = started
         async with aclosing(self._backend.stream(request)) as chunks:
             async for chunk in chunks:
                 if isinstance(chunk, Done):
                     stats = chunk.stats
                     break
                 raw += chunk.text
-                # Inline memories come after the reply: a strong model must be let finish.
-                if not inline and has_enough(
-                    raw, own_names=own, other_speakers=others, max_sentences=self._settings.reply_max_sentences
-                ):
+                if said.sink is not None:
+                    spoken = split_inline_memory(raw)[0] if inline else raw
+                    if not cleaning.may_advance(spoken, said.final_seen):
+                        continue
+                    progress = cleaning.final(spoken)
+                    rule = await said.release(progress, rules)
+                    # Inline memories come after the reply: a strong model must be let finish.
+                    if rule is not None or (progress.complete and not inline):
+                        stopped_early = True
+                        break
+                elif not inline and cleaning.enough(raw):
                     stopped_early = True
                     break
         if stats is None:
             stats = GenerationStats(model=request.model, backend=self._backend.name)
         stats.extra["generation_ms"] = round((time.monotonic() - started) * 1000, 1)
-        return _Attempt(raw=raw, stats=stats, stopped_early=stopped_early)
+        return _Attempt(raw=raw, stats=stats, stopped_early=stopped_early, rule=rule)

@@ -115,4 +115,3 @@ class Claim(_Outgoing):
     scope: Literal["talk"] = "talk"
 
     type_name: Literal["worker:claim"] = Field(default="worker:claim", exclude=True)
-

@@ -23,6 +23,7 @@ from bridge.memory.checks import MemoryRules, check_candidates
 from bridge.memory.extractor import extraction_instructions
 from bridge.npc.characters import load_roster
 from bridge.npc.cleaner import split_sentences
+from bridge.npc.deadline import Deadline
 from bridge.npc.prompt import build_reply_messages
 from bridge.npc.responder import REPLY_MAX_TOKENS, ReplyContext, Responder
 from bridge.settings import load_settings
@@ -179,9 +180,8 @@ async def test_reply_stream_is_cut_once_two_sentences_are_complete(
         try:
             responder = Responder(backend=backend, settings=settings, roster=roster)
             context = ReplyContext(character=character, player_line=player_line, player_name="旅人1")
-            loop = asyncio.get_running_loop()
             since = len(llama_server.log_text())
-            reply = await responder.respond(context, deadline=loop.time() + 60)
+            reply = await responder.respond(context, deadline=Deadline.after(60))
         finally:
             await backend.aclose()
         print(f"\nreply: {reply.source} stopped_early={reply.stopped_early} {reply.text!r}")

@@ -17,7 +17,7 @@ Its answer is the next scripted behaviour (`server.script(...)`), or else `serve
 a behaviour, or a callable from the request body to either. Texts are streamed in pieces of
 `piece_chars` characters, `piece_delay_seconds` apart. Behaviours:
 
-    Answer(pieces, delay_seconds, first_delay_seconds, stall_after, stream, ...)   the model answers
+    Answer(pieces, delay_seconds, first_delay_seconds, stall_after, drop_after, stream, ...)   the model answers
     Answer.text("…", piece_chars=4)       the same, cut into pieces
     stall("piece", …)                     send these pieces, then nothing, keeping the connection open
     Error(status, message, retry_after)   an error status with the API's error body
@@ -57,6 +57,7 @@ class Answer:
     delay_seconds: float = 0.0  # before each piece
     first_delay_seconds: float = 0.0  # before the headers: model load and prompt evaluation
     stall_after: int | None = None  # after this many pieces, send nothing more and keep the line open
+    drop_after: int | None = None  # after this many pieces, hang up mid-answer (a crashed server)
     stream: bool | None = None  # None: as the client asked; False: one JSON body even if it asked
     done_reason: str = "stop"
     eval_count: int | None = None  # default: the number of pieces
@@ -364,6 +365,11 @@ class FakeLLMServer:
         for index, piece in enumerate(answer.pieces):
             if answer.stall_after is not None and index >= answer.stall_after:
                 break
+            if answer.drop_after is not None and index >= answer.drop_after:
+                record.finished = True  # the server hung up, not the client
+                if request.transport is not None:
+                    request.transport.close()
+                raise _ClientLeft(response)
             if answer.delay_seconds:
                 await asyncio.sleep(answer.delay_seconds)
             await self._write(request, response, self._piece_bytes(piece, body, record, index))

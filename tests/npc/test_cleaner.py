@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.npc.cleaner import Cleaned, clean, has_enough, split_inline_memory
+from bridge.npc.cleaner import Cleaned, clean
+from bridge.npc.streaming import has_enough, split_inline_memory
 
 OWN = ("カフェのみのり", "みのり")
 OTHERS = ("旅人1", "映画館のあおい", "あおい", "旅館のふみ", "ふみ")
@@ -322,7 +323,8 @@ HAS_ENOUGH = [
     ("いらっしゃいませ。ご", 2, False),
     ("いらっしゃいませ。ごゆっくり。", 2, False),
     ("いらっしゃいませ。ごゆっくり。今", 2, True),
-    ("ですね。<コーヒーを運びますね", 1, True),
+    ("ですね。<コーヒーを運びますね", 1, False),  # "ですね。<…>」" would still join the sentence
+    ("ですね。<コーヒーを運びますね>ど", 1, True),
     ("ですね。<コーヒーを運びますね。", 2, False),  # the sentence inside the open < does not count
     ("ですね。<コーヒーを運びますね>", 2, False),
     ("ですね。<コーヒーを運びますね>は", 2, False),
@@ -375,7 +377,7 @@ def test_what_has_enough_stops_at_cleans_to_the_kept_sentences() -> None:
 
 
 def test_the_quick_test_before_has_enough_never_changes_its_answer() -> None:
-    from bridge.npc.cleaner import _has_enough
+    from bridge.npc.streaming import final_sentences
 
     raws = [raw for raw, _, _ in RAW_REPLY_EXAMPLES] + [raw for raw, _ in OTHER_SPEAKER_LINES]
     raws += ["はい。[INST] 次の", "はい。[inst]", "Sure. Here you go. More", "「はい！」と。次", "紅茶\n# 見出し"]
@@ -383,10 +385,12 @@ def test_the_quick_test_before_has_enough_never_changes_its_answer() -> None:
     for raw in raws:
         for end in range(1, len(raw) + 1):
             for max_sentences in (1, 2, 3):
-                options = {"own_names": OWN, "other_speakers": OTHERS, "max_sentences": max_sentences}
-                assert has_enough(raw[:end], **options) == _has_enough(raw[:end], **options), (raw[:end], options)
-                checked += 1
-    assert checked > 1000
+                for max_chars in (0, 12):
+                    options = {"own_names": OWN, "other_speakers": OTHERS, "max_sentences": max_sentences}
+                    slow = final_sentences(raw[:end], max_chars=max_chars, **options).complete
+                    assert has_enough(raw[:end], max_chars=max_chars, **options) == slow, (raw[:end], options)
+                    checked += 1
+    assert checked > 2000
 
 
 INLINE_MEMORY = [

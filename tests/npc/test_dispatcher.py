@@ -7,114 +7,19 @@ real Colyseus servers); the LLM is a real HTTP server streaming NDJSON.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bridge.llm.gate import LLMGate, Priority
-from bridge.llm.ollama import OllamaBackend
-from bridge.memory.keeper import MemoryKeeper
-from bridge.memory.store import MemoryStore
+from bridge.llm.gate import Priority
 from bridge.npc.characters import load_roster
-from bridge.npc.conversation import Conversations
-from bridge.npc.dispatcher import Dispatcher
-from bridge.npc.responder import Responder
-from bridge.settings import Settings, load_settings
-from bridge.world.messages import NpcEvent, PlayerLeft, Say, Talk, Typing
-from tests.fakes.llm_servers import Answer, FakeOllama, stall
+from bridge.world.messages import NpcEvent, PlayerLeft
+from tests.fakes.llm_servers import Answer, stall
 from tests.memory.helpers import eventually, read_file
-
-REPO = Path(__file__).resolve().parents[2]
-_ids = itertools.count(1)
-
-
-@dataclass
-class Recorder:
-    """Stands in for the world link's mouth."""
-
-    says: list[Say] = field(default_factory=list)
-    said_at: list[float] = field(default_factory=list)
-    typings: list[Typing] = field(default_factory=list)
-    said: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def say(self, message: Say) -> None:
-        self.says.append(message)
-        self.said_at.append(time.monotonic())
-        self.said.set()
-
-    async def typing(self, message: Typing) -> None:
-        self.typings.append(message)
-
-    async def wait_says(self, count: int, within: float = 10.0) -> list[Say]:
-        async with asyncio.timeout(within):
-            while len(self.says) < count:
-                self.said.clear()
-                await self.said.wait()
-        return self.says
-
-
-def talk(npc: str, player: str, text: str, name: str = "旅人1") -> Talk:
-    return Talk(
-        id=f"evt-{next(_ids)}", npcId=npc, playerId=player, playerName=name, text=text, at=time.time() * 1000
-    )
-
-
-@dataclass
-class Rig:
-    dispatcher: Dispatcher
-    world: Recorder
-    server: FakeOllama
-    gate: LLMGate
-    settings: Settings
-    memory_dir: Path
-
-
-@pytest.fixture
-async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
-    overrides: dict[str, Any] = getattr(request, "param", {})
-    async with FakeOllama() as server:
-        settings = load_settings(
-            llm_url=server.url,
-            characters_dir=REPO / "characters",
-            memory_dir=tmp_path,
-            memory_silence_seconds=3600,
-            reply_deadline_seconds=overrides.get("deadline", 10.0),
-            llm_concurrency=overrides.get("concurrency", 1),
-        )
-        roster = load_roster(settings.characters_dir)
-        backend = OllamaBackend(server.url)
-        gate = LLMGate(settings.llm_concurrency)
-        keeper = MemoryKeeper(
-            store=MemoryStore(tmp_path, limit=60),
-            backend=backend,
-            gate=gate,
-            roster=roster,
-            settings=settings,
-            shared=None,
-        )
-        world = Recorder()
-        dispatcher = Dispatcher(
-            roster=roster,
-            speaker=world,
-            responder=Responder(backend=backend, settings=settings, roster=roster),
-            gate=gate,
-            memory=keeper,
-            conversations=Conversations(history_seconds=1800),
-            reply_deadline_seconds=settings.reply_deadline_seconds,
-        )
-        task = asyncio.create_task(dispatcher.run())
-        try:
-            yield Rig(dispatcher, world, server, gate, settings, tmp_path)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await backend.aclose()
+from tests.npc.rig import REPO, Rig, talk
 
 
 async def test_each_line_gets_exactly_one_say_in_order(rig: Rig) -> None:
@@ -364,7 +269,7 @@ async def test_full_queue_drops_the_oldest_waiting_line_with_a_log(rig: Rig) -> 
 
 
 async def test_the_next_line_does_not_wait_for_the_memory_write_of_the_last(rig: Rig) -> None:
-    memory = rig.dispatcher._memory
+    memory = rig.dispatcher._path.memory
     writes: list[tuple[str, float]] = []
 
     class SlowDisk:
@@ -378,7 +283,7 @@ async def test_the_next_line_does_not_wait_for_the_memory_write_of_the_last(rig:
             writes.append((player, time.monotonic()))
             await memory.note_exchange(npc_id, player=player, npc=npc, at=at)
 
-    rig.dispatcher._memory = SlowDisk()
+    rig.dispatcher._path.memory = SlowDisk()
     rig.server.default = "いらっしゃいませ。"
     for text in ("一つ目", "二つ目"):
         rig.dispatcher.handle(talk("cafe-minori", f"p-{text}", text))

@@ -3,7 +3,6 @@ costs the same whatever the size of the cast (measured by work done and memory k
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
@@ -15,8 +14,10 @@ import pytest
 
 from bridge.llm.ollama import OllamaBackend
 from bridge.npc.characters import Character, Roster, load_roster
-from bridge.npc.cleaner import clean, has_enough
+from bridge.npc.cleaner import clean
+from bridge.npc.deadline import Deadline
 from bridge.npc.responder import CastSpeakers, Reply, ReplyContext, Responder
+from bridge.npc.streaming import has_enough
 from bridge.settings import load_settings
 from tests.fakes.llm_servers import FakeOllama
 
@@ -50,7 +51,7 @@ class Rig:
         character = self.roster.get(npc_id)
         assert character is not None
         context = ReplyContext(character=character, player_line="こんにちは", player_name=player_name)
-        return await self.responder.respond(context, deadline=asyncio.get_running_loop().time() + 10)
+        return await self.responder.respond(context, deadline=Deadline.after(10))
 
 
 @pytest.fixture

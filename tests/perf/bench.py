@@ -1,5 +1,6 @@
-"""Issue 6's benchmark: bridge overhead, time to say, prompt prefix reuse, footprint (prints tables, writes JSON);
-part 6 (issue 14, tests/perf/scale.py): the cost of a reply and the footprint as the cast grows to 1,000 NPCs.
+"""The benchmark: bridge overhead, time to say, prompt prefix reuse, footprint (issue 6); recall quality
+(part 5, issue 12, tests/perf/recall_quality.py); the cast growing to 1,000 NPCs (part 6, issue 14,
+tests/perf/scale.py); sentence by sentence (part 7, issue 13, tests/perf/parts.py). Prints tables, writes JSON.
 
     .venv/bin/python -m tests.perf.bench [--quick] [--part N ...] [--json out.json]
 
@@ -27,6 +28,7 @@ from typing import Any
 
 from tests.fakes.llm_servers import Answer
 from tests.perf import recall_quality
+from tests.perf.parts import part7, print_part7
 from tests.perf.scale import part6, print_part6
 from tests.perf.support import (
     CLOCK_TICKS_PER_SECOND,
@@ -140,10 +142,11 @@ class Bench:
         name: str,
         llm: TimedOllama | LLMProcess,
         body: Callable[[WorldServer, Daemon, Injector], Awaitable[dict[str, Any]]],
+        say_parts: bool = False,
         **env: str,
     ) -> dict[str, Any]:
-        """A fresh world and daemon for one part."""
-        world = await WorldServer.start(WORLD_VERSION, TOKEN)
+        """A fresh world (offering say-parts, if asked) and daemon for one part."""
+        world = await WorldServer.start(WORLD_VERSION, TOKEN, say_parts=say_parts)
         work = self.work / name
         work.mkdir(parents=True, exist_ok=True)
         daemon = Daemon(
@@ -561,9 +564,10 @@ async def part3(bench: Bench) -> dict[str, Any]:
     from bridge.llm.base import TEMPLATE_STOP_STRINGS, Done, GenerationRequest
     from bridge.llm.openai import OpenAIBackend
     from bridge.npc.characters import load_roster
-    from bridge.npc.cleaner import clean, has_enough
+    from bridge.npc.cleaner import clean
     from bridge.npc.prompt import Exchange, build_reply_messages
     from bridge.npc.responder import REPLY_MAX_TOKENS, REPLY_TEMPERATURE, TURN_STOP_STRINGS
+    from bridge.npc.streaming import has_enough
     from bridge.settings import Settings
 
     settings = Settings()
@@ -907,13 +911,13 @@ def machine() -> dict[str, Any]:
 async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.perf.bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples, 10 s idle: a smoke run")
-    parser.add_argument("--part", type=int, action="append", choices=(1, 2, 3, 4, 5), help="run only these parts")
+    parser.add_argument("--part", type=int, action="append", choices=(1, 2, 3, 4, 5, 6, 7), help="run only these parts")
     parser.add_argument("--profile", action="store_true", help="run the daemon under cProfile (slower)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write results ({DEFAULT_JSON})")
     args = parser.parse_args(argv)
-    parts = sorted(set(args.part or (1, 2, 3, 4, 5)))
-    if not node_available() and set(parts) & {1, 2, 4, 6}:
-        print("node and npm are needed for the reference world (parts 1, 2, 4 and 6)", file=sys.stderr)
+    parts = sorted(set(args.part or (1, 2, 3, 4, 5, 6, 7)))
+    if not node_available() and set(parts) & {1, 2, 4, 6, 7}:
+        print("node and npm are needed for the reference world (parts 1, 2, 4, 6 and 7)", file=sys.stderr)
         return 2
     plan = QUICK if args.quick else FULL
     results: dict[str, Any] = {
@@ -931,6 +935,7 @@ async def main(argv: list[str] | None = None) -> int:
     runners = {1: (part1, print_part1), 2: (part2, print_part2), 3: (part3, print_part3), 4: (part4, print_part4)}
     runners[5] = (recall_quality.part, recall_quality.print_result)  # recall (issue 12): pure code, no world
     runners[6] = (lambda b: part6(b, idle_seconds=min(20.0, b.plan.idle_seconds)), print_part6)  # cast size (14)
+    runners[7] = (part7, print_part7)  # sentence by sentence (13)
     for number in parts:
         run, show = runners[number]
         started = time.monotonic()
