@@ -107,7 +107,6 @@ class App:
             memory=self.memory,
             conversations=Conversations(history_seconds=settings.history_minutes * 60),
             reply_deadline_seconds=settings.reply_deadline_seconds,
-            log_content=settings.log_content,
         )
 
     def request_stop(self, reason: str = "signal") -> None:

@@ -16,8 +16,21 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 # Keys that carry what players or NPCs said. They are dropped from every log line unless the
 # configuration asks for content (NPC_BRIDGE_LOG_CONTENT=true): a home server's journal is not the
 # place for a person's conversations by default.
+# This filter is the one gate: code logs content under these keys and never checks the setting itself.
 CONTENT_KEYS = frozenset(
-    {"text", "player_text", "npc_text", "reply_text", "raw", "raw_text", "candidate", "memory_text", "prompt"}
+    {
+        "text",
+        "player_text",
+        "npc_text",
+        "reply_text",
+        "raw",
+        "raw_text",
+        "candidate",
+        "memory_text",
+        "prompt",
+        "recalled",
+        "replaced",
+    }
 )
 REDACTED = "[redacted]"
 

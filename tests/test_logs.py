@@ -127,3 +127,27 @@ def test_a_closed_stdout_is_counted_from_the_start(capfd: pytest.CaptureFixture[
     stream.flush()
     assert stream.dropped == 1 and not stream.isatty()
     assert capfd.readouterr().err == "npc-bridge: stdout is closed: 1 log lines dropped so far\n"
+
+
+CONTENT_LINES = [
+    ("talk_queued", {"player_text": "紅茶が好き"}),
+    ("reply_said", {"player_text": "紅茶が好き", "npc_text": "いいですね", "recalled": ["ユーザーは紅茶が好き"]}),
+    ("reply_attempt", {"raw": "[happy]いいですね<end_of_turn>"}),
+    ("memory_rejected", {"text": "ユーザーは眠い"}),
+    ("memory_replaced", {"text": "ユーザーは猫を飼っている、名前はモチ", "replaced": "ユーザーは猫を飼っている"}),
+    ("shared_memory_saved", {"text": "ユーザーは紅茶が好き"}),
+]
+
+
+@pytest.mark.parametrize(("event", "content"), CONTENT_LINES)
+def test_the_one_content_gate_drops_what_was_said_unless_content_logging_is_on(
+    output: io.StringIO, event: str, content: dict[str, object]
+) -> None:
+    # Code logs content under these keys and never checks the setting itself: this filter is the gate.
+    logs.configure(fmt="json", level="debug", stream=output, log_content=False)
+    structlog.get_logger("t").info(event, npc="cafe-minori", **content)
+    logs.configure(fmt="json", level="debug", stream=output, log_content=True)
+    structlog.get_logger("t").info(event, npc="cafe-minori", **content)
+    off, on = lines(output)
+    assert not set(content) & set(off) and off["npc"] == "cafe-minori"
+    assert all(on[key] == value for key, value in content.items())

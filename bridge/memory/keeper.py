@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import structlog
 
@@ -125,7 +124,7 @@ class MemoryKeeper:
         self._rules = MemoryRules.from_settings(settings, instructions=extraction_instructions(settings.memory_subject))
         self._npcs: ActiveTable[_NpcMemory] = ActiveTable(_NpcMemory.busy, idle_seconds=idle_seconds, clock=monotonic)
         self._courier = (
-            OutboxCourier(store, shared, backoff=self._backoff, log_content=settings.log_content)
+            OutboxCourier(store, shared, backoff=self._backoff)
             if shared is not None
             else None
         )
@@ -254,7 +253,7 @@ class MemoryKeeper:
             # the service, so there a match with what it knows stays a duplicate.
             kept, rejections = decide(candidates, stored=known, rules=self._rules, said_again=not shared)
             for rejection in rejections:
-                log.info("memory_rejected", npc=npc_id, rule=rejection.rule, **_content(self._settings, rejection.text))
+                log.info("memory_rejected", npc=npc_id, rule=rejection.rule, text=rejection.text)
             if shared:
                 items = [OutboxItem(text=item.text, created_at=heard_at, source=SHARED_SOURCE) for item in kept]
                 await self._store.record_extraction(npc_id, taken=taken, outbox=items)
@@ -263,7 +262,7 @@ class MemoryKeeper:
             else:
                 await self._store.record_extraction(npc_id, taken=taken, kept=kept, heard_at=heard_at, source=source)
         for item in kept:
-            _log_kept(self._settings, npc_id, item, source=source, backend="shared" if shared else "file")
+            _log_kept(npc_id, item, source=source, backend="shared" if shared else "file")
         return [item.text for item in kept]
 
     def _shared_for(self, npc_id: str) -> SharedMemoryClient | None:
@@ -368,14 +367,14 @@ class MemoryKeeper:
         return _Outcome.DONE
 
 
-def _log_kept(settings: Settings, npc_id: str, item: Kept, *, source: str, backend: str) -> None:
+def _log_kept(npc_id: str, item: Kept, *, source: str, backend: str) -> None:
+    # Texts go under content keys: the log filter (bridge.logs) drops them unless content logging is on.
     if item.refreshes is not None:
-        log.info("memory_refreshed", npc=npc_id, source=source, **_content(settings, item.refreshes))
+        log.info("memory_refreshed", npc=npc_id, source=source, text=item.refreshes)
     for old in item.replaces:
-        both = {"text": item.text, "replaced": old} if settings.log_content else {}
-        log.info("memory_replaced", npc=npc_id, source=source, **both)
+        log.info("memory_replaced", npc=npc_id, source=source, text=item.text, replaced=old)
     if item.refreshes is None and not item.replaces:
-        log.info("memory_kept", npc=npc_id, source=source, backend=backend, **_content(settings, item.text))
+        log.info("memory_kept", npc=npc_id, source=source, backend=backend, text=item.text)
 
 
 def _parse_time(value: str) -> datetime | None:
@@ -385,9 +384,6 @@ def _parse_time(value: str) -> datetime | None:
         return None
     return moment if moment.tzinfo is not None else None
 
-
-def _content(settings: Settings, text: object) -> dict[str, Any]:
-    return {"text": text} if settings.log_content else {}
 
 
 def _aware(moment: datetime) -> datetime:

@@ -68,14 +68,15 @@ class Recalled:
     matched: tuple[str, ...] = ()  # the query's terms this memory holds, highest weight first
 
 
-def recall_fields(recalled: Sequence[Recalled], *, log_content: bool) -> dict[str, object]:
+def recall_fields(recalled: Sequence[Recalled]) -> dict[str, object]:
     """What a reply's log line says of its memories: how many were recalled for each reason, and
-    with content logging on, their texts."""
+    their texts (a content key: the log filter keeps them only with content logging on)."""
     relevant = sum(1 for item in recalled if item.why == "relevant")
-    fields: dict[str, object] = {"recalled_recent": len(recalled) - relevant, "recalled_relevant": relevant}
-    if log_content:
-        fields["recalled"] = [item.text for item in recalled]
-    return fields
+    return {
+        "recalled_recent": len(recalled) - relevant,
+        "recalled_relevant": relevant,
+        "recalled": [item.text for item in recalled],
+    }
 
 
 # ---- terms ------------------------------------------------------------------------------------------

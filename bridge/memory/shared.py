@@ -101,12 +101,10 @@ class OutboxCourier:
         shared: SharedMemoryClient,
         *,
         backoff: Callable[[], Backoff],
-        log_content: bool,
     ) -> None:
         self._store = store
         self._shared = shared
         self._backoff = backoff
-        self._log_content = log_content
         self._tasks: dict[str, asyncio.Task[None]] = {}  # only while an outbox holds something
 
     def ensure(self, npc_id: str) -> None:
@@ -150,7 +148,7 @@ class OutboxCourier:
                 # Only this task removes from the outbox, and only from its head: that is `first`.
                 await self._store.remove_outbox(npc_id, 1)
                 backoff.reset()
-                log.info("shared_memory_saved", npc=npc_id, **({"text": first.text} if self._log_content else {}))
+                log.info("shared_memory_saved", npc=npc_id, text=first.text)
         finally:
             if self._tasks.get(npc_id) is asyncio.current_task():
                 del self._tasks[npc_id]

@@ -94,14 +94,12 @@ class Dispatcher:
         memory: Memory,
         conversations: Conversations,
         reply_deadline_seconds: float,
-        log_content: bool = False,
     ) -> None:
         self._speaker = speaker
         self._responder = responder
         self._path = ReplyPath(responder=responder, gate=gate, memory=memory, conversations=conversations)
         self._conversations = conversations
         self._deadline_seconds = reply_deadline_seconds
-        self._log_content = log_content
         self._queues = {npc_id: _NpcQueue(character) for npc_id, character in roster.voiced.items()}
         self._closing = False
         self._group: asyncio.TaskGroup | None = None  # while run() runs: new NPCs' workers join it
@@ -152,7 +150,7 @@ class Dispatcher:
             player=talk.player_id,
             event_id=talk.id,
             queued=len(queue.lines),
-            player_text=line.text if self._log_content else None,
+            player_text=line.text,
         )
 
     def _take_world_line(self, event: NpcEvent) -> None:
@@ -314,9 +312,9 @@ class Dispatcher:
             failed_rules=reply.failed_rules or None,
             error=reply.error,
             chars=len(reply.text),
-            **recall_fields(line.recalled, log_content=self._log_content),
-            player_text=line.text if self._log_content else None,
-            npc_text=reply.text if self._log_content else None,
+            **recall_fields(line.recalled),
+            player_text=line.text,
+            npc_text=reply.text,
         )
         self._note_later(queue, write_memory)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bridge import logs
 from bridge.llm.gate import LLMGate
 from bridge.llm.ollama import OllamaBackend
 from bridge.memory.keeper import MemoryKeeper
@@ -171,11 +172,12 @@ def test_more_recent_than_the_limit_is_clamped_to_the_limit() -> None:
     assert choose(items, "盆栽", limit=2, recent=0)[0].why == "relevant"
 
 
-def test_the_reply_log_fields_count_each_reason_and_hold_texts_only_with_content_logging() -> None:
+def test_the_reply_log_fields_count_each_reason_and_hold_the_texts_under_a_content_key() -> None:
     recalled = choose(memories("ユーザーは盆栽を育てている", *FILLER), "盆栽", limit=4, recent=3)
-    assert recall_fields(recalled, log_content=False) == {"recalled_recent": 3, "recalled_relevant": 1}
-    with_texts = recall_fields(recalled, log_content=True)
-    assert with_texts["recalled"] == [item.text for item in recalled]
+    fields = recall_fields(recalled)
+    assert (fields["recalled_recent"], fields["recalled_relevant"]) == (3, 1)
+    assert fields["recalled"] == [item.text for item in recalled]
+    assert "recalled" in logs.CONTENT_KEYS  # so the log filter drops the texts unless content logging is on
 
 
 async def test_the_keeper_recalls_by_words_for_an_english_character_and_dates_in_the_zone(tmp_path: Path) -> None:

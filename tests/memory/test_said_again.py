@@ -8,6 +8,7 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from bridge.llm.ollama import OllamaBackend
+from bridge.logs import CONTENT_KEYS
 from bridge.memory.checks import Kept, MemoryRules, apply_kept, decide
 from bridge.memory.extractor import EXTRACTION_INSTRUCTIONS
 from bridge.memory.models import Memory
@@ -123,7 +124,7 @@ async def test_the_keeper_refreshes_and_replaces_with_their_own_log_lines(tmp_pa
     assert f"- (11/3) {CAMP}" in await recalled_lines(keeper, "cafe-minori", "キャンプ楽しみ")
 
 
-async def test_without_content_logging_the_said_again_lines_hold_no_text(tmp_path: Path) -> None:
+async def test_the_said_again_lines_hold_texts_only_under_keys_the_content_gate_drops(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path, limit=60)
     await store.add_memories("cafe-minori", [TEA, CAT], THEN, "extraction")
     async with FakeOllama() as ollama:
@@ -133,4 +134,6 @@ async def test_without_content_logging_the_said_again_lines_hold_no_text(tmp_pat
             await keeper.save_inline("cafe-minori", [TEA, "ユーザーは猫を飼っている、名前はモチ"], at=NOW)
         await backend.aclose()
     lines = [e for e in logs if e["event"] in ("memory_refreshed", "memory_replaced")]
-    assert len(lines) == 2 and all("text" not in e and "replaced" not in e for e in lines)
+    texts = {TEA, CAT, "ユーザーは猫を飼っている、名前はモチ"}
+    carried = {key for line in lines for key, value in line.items() if value in texts}
+    assert len(lines) == 2 and carried and carried <= CONTENT_KEYS

@@ -26,7 +26,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.llm_servers import Answer
 from tests.perf import recall_quality
 from tests.perf.parts import part7, print_part7
 from tests.perf.scale import part6, print_part6
@@ -35,6 +34,7 @@ from tests.perf.support import (
     REPO,
     STAFF,
     TOKEN,
+    TOKENS_PER_SECOND,
     Daemon,
     Injector,
     LLMProcess,
@@ -45,9 +45,10 @@ from tests.perf.support import (
     instant_answer,
     proc_sample,
     said_at_seconds,
+    streamed_answer,
+    streamed_plans,
     summary_ms,
     table,
-    token_pieces,
     verdict,
     world_stamp_resolution,
     world_talk_stamps,
@@ -65,7 +66,6 @@ QUEUED_THRESHOLD_MS = 1.0
 # Part 2 goal: say ≤ 1.05 × ideal + 20 ms.
 SAY_FACTOR = 1.05
 SAY_SLACK_SECONDS = 0.020
-TOKENS_PER_SECOND = 20.0
 # Part 4 goals.
 IDLE_CPU_GOAL_PERCENT = 1.0
 RSS_GOAL_BYTES = 80 * 1024 * 1024
@@ -348,46 +348,12 @@ def print_part1(result: dict[str, Any]) -> None:
 
 # ---- part 2: time to say ------------------------------------------------------------------------------
 
-STREAMED_REPLIES = {
-    "cafe-minori": (
-        "[happy]",
-        "いらっしゃいませ、今日は少し肌寒いですね。",
-        "温かいカフェラテはいかがでしょうか。",
-        "焼きたてのスコーンもご用意しております。",
-        "お席はお好きなところへどうぞ。",
-    ),
-    "cinema-aoi": (
-        "[relaxed]",
-        "こんばんは、今夜のレイトショーはまだお席がありますよ。",
-        "真ん中あたりの列が見やすいと思います。",
-        "ポップコーンは塩とキャラメルがございます。",
-        "上映までもう少しお待ちくださいね。",
-    ),
-    "ryokan-fumi": (
-        "[relaxed]",
-        "おかえりなさいませ。",
-        "お越しいただきありがとうございます。",
-        "山の麓で降り立つと、涼やかな風が心地よい季節です。",
-        "今日はどうぞごゆっくりとお過ごしくださいね。",
-    ),
-}
 
 
 async def part2(bench: Bench) -> dict[str, Any]:
     delay = 1.0 / TOKENS_PER_SECOND
-    plans: dict[str, tuple[tuple[str, ...], list[int]]] = {}
-    for npc, (tag, *sentences) in STREAMED_REPLIES.items():
-        pieces, ends = token_pieces([tag, *sentences])
-        plans[npc] = (pieces, ends[1:])  # sentence ends, the tag left out
-
-    def respond(body: dict[str, Any]) -> Answer | str:
-        if "format" in body:
-            return '{"memories": []}'
-        system = str(body.get("messages", [{}])[0].get("content", ""))
-        npc = next((n for n in STAFF if _npc_name(n) in system), "cafe-minori")
-        return Answer(plans[npc][0])
-
-    async with TimedOllama(default=respond, token_period_seconds=delay) as llm:
+    plans = streamed_plans()
+    async with TimedOllama(default=streamed_answer(plans), token_period_seconds=delay) as llm:
 
         async def body(world: WorldServer, daemon: Daemon, injector: Injector) -> dict[str, Any]:
             samples = []
@@ -418,10 +384,6 @@ def log_marks(daemon: Daemon, event_id: str, arrived: float) -> dict[str, float]
             marks[f"{event['event']}_log_ms"] = round((iso_seconds(event["timestamp"]) - arrived) * 1000, 1)
     return marks
 
-
-def _npc_name(npc_id: str) -> str:
-    data = json.loads((REPO / "characters" / f"{npc_id}.json").read_text(encoding="utf-8"))
-    return str(data["name"])
 
 
 def stream_sample(

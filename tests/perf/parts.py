@@ -19,22 +19,22 @@ the world stamps each `npc:say:part` and `npc:say` on arrival.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from tests.fakes.llm_servers import Answer
 from tests.perf.support import (
     REPO,
     STAFF,
+    TOKENS_PER_SECOND,
     Daemon,
     Injector,
     TimedOllama,
     Timing,
     said_at_seconds,
+    streamed_answer,
+    streamed_plans,
     table,
-    token_pieces,
     verdict,
 )
 from tests.world.harness import WorldServer
@@ -42,7 +42,6 @@ from tests.world.harness import WorldServer
 if TYPE_CHECKING:
     from tests.perf.bench import Bench
 
-TOKENS_PER_SECOND = 20.0
 PART0_SLACK_MS = 5.0
 REAL_RATIO_GOAL = 0.6
 REAL_REPLIES_FULL = 12
@@ -50,29 +49,6 @@ REAL_REPLIES_QUICK = 4
 # The llama.cpp server finishes a closed request up to the reply's 120 tokens before the next one.
 SERVER_SETTLE_SECONDS = 8.0
 
-REPLIES = {
-    "cafe-minori": (
-        "[happy]",
-        "いらっしゃいませ、今日は少し肌寒いですね。",
-        "温かいカフェラテはいかがでしょうか。",
-        "焼きたてのスコーンもご用意しております。",
-        "お席はお好きなところへどうぞ。",
-    ),
-    "cinema-aoi": (
-        "[relaxed]",
-        "こんばんは、今夜のレイトショーはまだお席がありますよ。",
-        "真ん中あたりの列が見やすいと思います。",
-        "ポップコーンは塩とキャラメルがございます。",
-        "上映までもう少しお待ちくださいね。",
-    ),
-    "ryokan-fumi": (
-        "[relaxed]",
-        "おかえりなさいませ。",
-        "お越しいただきありがとうございます。",
-        "山の麓で降り立つと、涼やかな風が心地よい季節です。",
-        "今日はどうぞごゆっくりとお過ごしくださいね。",
-    ),
-}
 REAL_LINES = (
     "こんにちは、今日のおすすめは何ですか",
     "じゃあ、それをひとつください",
@@ -91,19 +67,8 @@ async def part7(bench: Bench) -> dict[str, Any]:
 
 
 async def _streamed(bench: Bench) -> dict[str, Any]:
-    plans: dict[str, tuple[tuple[str, ...], list[int]]] = {}
-    for npc, (tag, *sentences) in REPLIES.items():
-        pieces, ends = token_pieces([tag, *sentences])
-        plans[npc] = (pieces, ends[1:])  # sentence ends, the tag left out
-
-    def respond(body: dict[str, Any]) -> Answer | str:
-        if "format" in body:
-            return '{"memories": []}'
-        system = str(body.get("messages", [{}])[0].get("content", ""))
-        npc = next((n for n in STAFF if _name(n) in system), "cafe-minori")
-        return Answer(plans[npc][0])
-
-    async with TimedOllama(default=respond, token_period_seconds=1.0 / TOKENS_PER_SECOND) as llm:
+    plans = streamed_plans()
+    async with TimedOllama(default=streamed_answer(plans), token_period_seconds=1.0 / TOKENS_PER_SECOND) as llm:
 
         async def body(world: WorldServer, daemon: Daemon, injector: Injector) -> dict[str, Any]:
             samples = []
@@ -271,6 +236,3 @@ def print_part7(result: dict[str, Any]) -> None:
         f"{median} → {verdict(real_ok)}; world rule violations: {len(real['violations'])}"
     )
 
-
-def _name(npc_id: str) -> str:
-    return str(json.loads((REPO / "characters" / f"{npc_id}.json").read_text(encoding="utf-8"))["name"])

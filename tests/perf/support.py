@@ -381,3 +381,62 @@ __all__ = [
     "TimedOllama",
     "Timing",
 ]
+
+
+# ---- the streamed fake of parts 2 and 7 ----------------------------------------------------------------
+
+TOKENS_PER_SECOND = 20.0
+# Four sentences per staff NPC, an emotion tag first: what the streamed fake LLM writes.
+STREAMED_REPLIES = {
+    "cafe-minori": (
+        "[happy]",
+        "いらっしゃいませ、今日は少し肌寒いですね。",
+        "温かいカフェラテはいかがでしょうか。",
+        "焼きたてのスコーンもご用意しております。",
+        "お席はお好きなところへどうぞ。",
+    ),
+    "cinema-aoi": (
+        "[relaxed]",
+        "こんばんは、今夜のレイトショーはまだお席がありますよ。",
+        "真ん中あたりの列が見やすいと思います。",
+        "ポップコーンは塩とキャラメルがございます。",
+        "上映までもう少しお待ちくださいね。",
+    ),
+    "ryokan-fumi": (
+        "[relaxed]",
+        "おかえりなさいませ。",
+        "お越しいただきありがとうございます。",
+        "山の麓で降り立つと、涼やかな風が心地よい季節です。",
+        "今日はどうぞごゆっくりとお過ごしくださいね。",
+    ),
+}
+
+
+StreamedPlans = dict[str, tuple[tuple[str, ...], list[int]]]
+
+
+def streamed_plans() -> StreamedPlans:
+    """Each staff NPC's reply as token pieces, and the token index at each sentence end (tag left out)."""
+    plans: StreamedPlans = {}
+    for npc, (tag, *sentences) in STREAMED_REPLIES.items():
+        pieces, ends = token_pieces([tag, *sentences])
+        plans[npc] = (pieces, ends[1:])
+    return plans
+
+
+def npc_name(npc_id: str) -> str:
+    return str(json.loads((REPO / "characters" / f"{npc_id}.json").read_text(encoding="utf-8"))["name"])
+
+
+def streamed_answer(plans: StreamedPlans) -> Callable[[dict[str, Any]], Answer | str]:
+    """The fake's answer: the addressed NPC's streamed reply (told apart by its name in the system
+    message), and an empty memory list for an extraction."""
+
+    def respond(body: dict[str, Any]) -> Answer | str:
+        if "format" in body:
+            return '{"memories": []}'
+        system = str(body.get("messages", [{}])[0].get("content", ""))
+        npc = next((n for n in STAFF if npc_name(n) in system), "cafe-minori")
+        return Answer(plans[npc][0])
+
+    return respond
