@@ -69,11 +69,11 @@ async def forget_memory(
         return 1
     try:
         if pending:
-            lines = len(await store.pending(npc_id))
+            lines = len((await store.load(npc_id)).pending)
             await store.clear_pending(npc_id, lines)
             print(f"{npc_id}: forgot the pending conversation ({lines} {'line' if lines == 1 else 'lines'})")
             return 0
-        count = len(await store.memories(npc_id))
+        count = len((await store.load(npc_id)).memories)
         if number is not None and not 1 <= number <= count:
             print(f"npc-bridge: {npc_id} has no memory number {number} (it has {count})", file=sys.stderr)
             return 1

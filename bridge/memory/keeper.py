@@ -147,7 +147,7 @@ class MemoryKeeper:
                 if self._npcs.peek(npc_id) is None:
                     self._state(npc_id).deadline = loop.time()
             for npc_id in self._npcs:
-                if await self._store.pending(npc_id):  # noted before run(): its timer starts now
+                if (await self._store.load(npc_id)).pending:  # noted before run(): its timer starts now
                     self._ensure_extractor(npc_id)
             if self._courier is not None:
                 for npc_id in await self._store.npc_ids_with_outbox():
@@ -193,7 +193,7 @@ class MemoryKeeper:
         await self._store.append_pending(npc_id, line)
         self.touch(npc_id)
         state = self._state(npc_id)
-        pending = len(await self._store.pending(npc_id))
+        pending = len((await self._store.load(npc_id)).pending)
         if pending >= EXTRACTION_BATCH_LINES and not state.backing_off:
             # A long conversation is extracted now, in batches, instead of after a silence that
             # may never come.
@@ -223,7 +223,7 @@ class MemoryKeeper:
             items = [Recalled(item.text, _parse_time(item.created_at), "relevant") for item in found]
             return [in_zone(item, self._zone) for item in items if item.text.strip()]
         try:
-            memories = await self._store.memories(npc_id)
+            memories = (await self._store.load(npc_id)).memories
         except MemoryStoreError as exc:
             log.error("memory_recall_failed", npc=npc_id, error=str(exc))
             return []
@@ -326,12 +326,12 @@ class MemoryKeeper:
             backoff.reset()
             state.backing_off = False
             # No await between this check and leaving: a line noted later starts a new task.
-            if not await self._store.pending(npc_id):
+            if not (await self._store.load(npc_id)).pending:
                 return
 
     async def _extract_batch(self, npc_id: str, state: _NpcMemory) -> _Outcome:
         """One extraction call over the oldest pending lines (at most EXTRACTION_BATCH_LINES)."""
-        lines = (await self._store.pending(npc_id))[:EXTRACTION_BATCH_LINES]
+        lines = ((await self._store.load(npc_id)).pending)[:EXTRACTION_BATCH_LINES]
         if not lines:
             return _Outcome.DONE
         taken = len(lines)

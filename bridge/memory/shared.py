@@ -124,7 +124,7 @@ class OutboxCourier:
         try:
             while True:
                 # No await between this check and leaving: a memory queued later starts a new task.
-                waiting = await self._store.outbox(npc_id)
+                waiting = (await self._store.load(npc_id)).outbox
                 if not waiting:
                     return
                 first = waiting[0]

@@ -23,7 +23,7 @@ from bridge.errors import MemoryStoreError
 from bridge.memory.active import IDLE_SECONDS
 from bridge.memory.checks import Kept, apply_kept
 from bridge.memory.files import DISK_RETRY_BASE_SECONDS, FILE_SUFFIX, MemoryFiles
-from bridge.memory.models import NPC_ID_PATTERN, Memory, MemoryFile, OutboxItem, PendingLine
+from bridge.memory.models import NPC_ID_PATTERN, MemoryFile, OutboxItem, PendingLine
 from bridge.memory.models import render as render  # the file format, also imported from here
 
 log = structlog.get_logger(__name__)
@@ -101,15 +101,6 @@ class MemoryStore:
     async def load(self, npc_id: str) -> MemoryFile:
         """The NPC's whole memory (empty when there is none yet), every change made so far included."""
         return await self._files.get(npc_id)
-
-    async def pending(self, npc_id: str) -> tuple[PendingLine, ...]:
-        return (await self.load(npc_id)).pending
-
-    async def memories(self, npc_id: str) -> tuple[Memory, ...]:
-        return (await self.load(npc_id)).memories
-
-    async def outbox(self, npc_id: str) -> tuple[OutboxItem, ...]:
-        return (await self.load(npc_id)).outbox
 
     def npc_ids_on_disk(self) -> list[str]:
         """Ids of every memory file in the folder (leftover temporary and corrupt files are skipped)."""

@@ -82,6 +82,23 @@ class _NpcQueue:
     # conversation keeps its order, while the NPC already works on its next line.
     noting: asyncio.Task[None] | None = None
 
+    def note_later(self, write: Callable[[], Awaitable[None]], tracked: set[asyncio.Task[None]]) -> None:
+        """Write to the NPC's pending conversation after the previous note, while the NPC goes on;
+        the task is kept in `tracked` until it ends (shutdown waits for them)."""
+        npc_id = self.character.id
+        self.noting = asyncio.create_task(_note(self.noting, npc_id, write), name=f"note:{npc_id}")
+        tracked.add(self.noting)
+        self.noting.add_done_callback(tracked.discard)
+
+
+async def _note(previous: asyncio.Task[None] | None, npc_id: str, write: Callable[[], Awaitable[None]]) -> None:
+    if previous is not None:
+        await asyncio.wait({previous})  # its own errors are its own: only the order matters here
+    try:
+        await write()
+    except Exception:
+        log.exception("memory_note_failed", npc=npc_id)
+
 
 class Dispatcher:
     def __init__(
@@ -162,7 +179,7 @@ class Dispatcher:
             # Written in the NPC's note order, not awaited here: a memory write (an fsync) would hold
             # up every talk behind this event.
             npc_id, text, at = event.npc_id, event.text, _from_ms(event.at)
-            self._note_later(queue, lambda: self._path.memory.note_event(npc_id, text=text, at=at))
+            queue.note_later(lambda: self._path.memory.note_event(npc_id, text=text, at=at), self._notes)
 
     def _player_left(self, player_id: str) -> None:
         for queue in self._queues.values():
@@ -316,24 +333,7 @@ class Dispatcher:
             player_text=line.text,
             npc_text=reply.text,
         )
-        self._note_later(queue, write_memory)
-
-    def _note_later(self, queue: _NpcQueue, write: Callable[[], Awaitable[None]]) -> None:
-        """Write to the NPC's pending conversation after the previous note, while the NPC goes on."""
-        npc_id = queue.character.id
-        queue.noting = asyncio.create_task(self._note(queue.noting, npc_id, write), name=f"note:{npc_id}")
-        self._notes.add(queue.noting)
-        queue.noting.add_done_callback(self._notes.discard)
-
-    async def _note(
-        self, previous: asyncio.Task[None] | None, npc_id: str, write: Callable[[], Awaitable[None]]
-    ) -> None:
-        if previous is not None:
-            await asyncio.wait({previous})  # its own errors are its own: only the order matters here
-        try:
-            await write()
-        except Exception:
-            log.exception("memory_note_failed", npc=npc_id)
+        queue.note_later(write_memory, self._notes)
 
     # ---- shutdown --------------------------------------------------------------------------------
 

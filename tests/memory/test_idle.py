@@ -78,7 +78,7 @@ async def test_idle_npcs_are_let_go_and_their_memory_read_again_when_next_needed
         # A later visit reads the file again and recalls the same memories.
         assert await recalled_lines(keeper, "shop-42", "") == before[42] == ["- (9/29) ユーザーはお店42の常連"]
         assert "shop-42" in store.in_memory()
-        assert [line.player for line in await store.pending("cafe-minori")] == ["紅茶がすき"]
+        assert [line.player for line in (await store.load("cafe-minori")).pending] == ["紅茶がすき"]
 
 
 async def test_a_memory_file_not_yet_on_disk_is_never_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,7 +105,7 @@ async def test_a_memory_file_not_yet_on_disk_is_never_let_go(tmp_path: Path, mon
     clock.now += IDLE_SECONDS + 1
     await store.load("ryokan-fumi")
     assert store.in_memory() == ["ryokan-fumi"]
-    assert [line.player for line in await store.pending("cafe-minori")] == ["一"]  # read again from the file
+    assert [line.player for line in (await store.load("cafe-minori")).pending] == ["一"]  # read again from the file
 
 
 async def test_an_npc_let_go_mid_silence_is_still_extracted(tmp_path: Path, backend: OllamaBackend) -> None:
@@ -120,5 +120,5 @@ async def test_an_npc_let_go_mid_silence_is_still_extracted(tmp_path: Path, back
         clock.now += IDLE_SECONDS + 1
         await keeper.recall("ryokan-fumi", query="")  # the store lets cafe-minori's file go meanwhile
         async with asyncio.timeout(5):
-            while await store.pending("cafe-minori"):  # noqa: ASYNC110 - the extraction signals nothing
+            while (await store.load("cafe-minori")).pending:  # noqa: ASYNC110 - the extraction signals nothing
                 await asyncio.sleep(0.02)

@@ -337,7 +337,7 @@ async def test_forget_by_number_counts_from_one(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path, limit=60)
     await store.add_memories("cafe-minori", ["ユーザーの記憶A", "ユーザーの記憶B"], AT, "extraction")
     assert await forget_by_number(store, "cafe-minori", 1) == 1
-    assert [m.text for m in await store.memories("cafe-minori")] == ["ユーザーの記憶B"]
+    assert [m.text for m in (await store.load("cafe-minori")).memories] == ["ユーザーの記憶B"]
     assert await forget_by_number(store, "cafe-minori", None) == 1
 
 

@@ -96,7 +96,7 @@ async def test_the_limit_then_forgets_what_was_heard_longest_ago(tmp_path: Path)
     await store.add_memories("cafe-minori", [CAMP, TEA, CAT], THEN, "extraction")
     await store.record_extraction("cafe-minori", taken=0, kept=[Kept(CAMP, refreshes=CAMP)], heard_at=NOW)
     await store.record_extraction("cafe-minori", taken=0, texts=["ユーザーは将棋が得意"], heard_at=NOW)
-    assert [m.text for m in await store.memories("cafe-minori")] == [CAT, CAMP, "ユーザーは将棋が得意"]
+    assert [m.text for m in (await store.load("cafe-minori")).memories] == [CAT, CAMP, "ユーザーは将棋が得意"]
 
 
 async def test_the_keeper_refreshes_and_replaces_with_their_own_log_lines(tmp_path: Path) -> None:

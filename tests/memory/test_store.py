@@ -77,7 +77,7 @@ async def test_writes_leave_no_temporary_file_and_the_file_is_always_valid_json(
     await reading
     assert seen_invalid == []
     assert files_in(tmp_path) == ["cafe-minori.json"]
-    assert len(await MemoryStore(tmp_path, limit=60).pending("cafe-minori")) == 40
+    assert len((await MemoryStore(tmp_path, limit=60).load("cafe-minori")).pending) == 40
 
 
 async def test_a_cancelled_caller_does_not_cancel_the_write(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ async def test_a_cancelled_caller_does_not_cancel_the_write(tmp_path: Path) -> N
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await store.flush(5.0)
-    assert len(await MemoryStore(tmp_path, limit=60).pending("cafe-minori")) == 1
+    assert len((await MemoryStore(tmp_path, limit=60).load("cafe-minori")).pending) == 1
     assert files_in(tmp_path) == ["cafe-minori.json"]
 
 
@@ -107,7 +107,7 @@ async def test_a_corrupt_file_is_moved_aside_and_the_npc_starts_empty(tmp_path: 
     (tmp_path / "cafe-minori.json").write_text(content, encoding="utf-8")
     store = MemoryStore(tmp_path, limit=60)
     with capture_logs() as logs:
-        assert await store.memories("cafe-minori") == ()
+        assert (await store.load("cafe-minori")).memories == ()
     corrupt = [entry for entry in logs if entry["event"] == "memory_file_corrupt"]
     assert len(corrupt) == 1 and corrupt[0]["log_level"] == "error"
     assert corrupt[0]["path"] == str(tmp_path / "cafe-minori.json")
@@ -117,7 +117,7 @@ async def test_a_corrupt_file_is_moved_aside_and_the_npc_starts_empty(tmp_path: 
 
     await store.add_memories("cafe-minori", ["ユーザーは紅茶が好き"], AT, "extraction")
     reopened = MemoryStore(tmp_path, limit=60)
-    assert [m.text for m in await reopened.memories("cafe-minori")] == ["ユーザーは紅茶が好き"]
+    assert [m.text for m in (await reopened.load("cafe-minori")).memories] == ["ユーザーは紅茶が好き"]
 
 
 async def test_past_the_limit_the_oldest_memories_are_forgotten(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ async def test_past_the_limit_the_oldest_memories_are_forgotten(tmp_path: Path) 
     await store.add_memories(
         "cafe-minori", ["ユーザーの記憶58", "ユーザーの記憶59", "ユーザーの記憶60"], AT, "extraction"
     )
-    texts = [m.text for m in await MemoryStore(tmp_path, limit=60).memories("cafe-minori")]
+    texts = [m.text for m in (await MemoryStore(tmp_path, limit=60).load("cafe-minori")).memories]
     assert len(texts) == 60
     assert texts[0] == "ユーザーの記憶1"
     assert texts[-1] == "ユーザーの記憶60"
@@ -136,7 +136,7 @@ async def test_past_the_limit_the_oldest_memories_are_forgotten(tmp_path: Path) 
 async def test_pending_survives_a_new_store(tmp_path: Path) -> None:
     await MemoryStore(tmp_path, limit=60).append_pending("cafe-minori", line(1))
     reopened = MemoryStore(tmp_path, limit=60)
-    assert await reopened.pending("cafe-minori") == (line(1),)
+    assert (await reopened.load("cafe-minori")).pending == (line(1),)
     assert await reopened.npc_ids_with_pending() == ["cafe-minori"]
 
 
@@ -144,29 +144,29 @@ async def test_clear_pending_keeps_lines_noted_after_the_extraction_began(tmp_pa
     store = MemoryStore(tmp_path, limit=60)
     await store.append_pending("cafe-minori", line(1))
     await store.append_pending("cafe-minori", line(2))
-    taken = len(await store.pending("cafe-minori"))
+    taken = len((await store.load("cafe-minori")).pending)
     await store.append_pending("cafe-minori", line(3))  # said while the extraction ran
     await store.clear_pending("cafe-minori", taken)
-    assert await MemoryStore(tmp_path, limit=60).pending("cafe-minori") == (line(3),)
+    assert (await MemoryStore(tmp_path, limit=60).load("cafe-minori")).pending == (line(3),)
 
 
 async def test_forget_one_or_all(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path, limit=60)
     await store.add_memories("cafe-minori", ["ユーザーの記憶0", "ユーザーの記憶1", "ユーザーの記憶2"], AT, "extraction")
     assert await store.forget("cafe-minori", 1) == 1
-    assert [m.text for m in await store.memories("cafe-minori")] == ["ユーザーの記憶0", "ユーザーの記憶2"]
+    assert [m.text for m in (await store.load("cafe-minori")).memories] == ["ユーザーの記憶0", "ユーザーの記憶2"]
     with pytest.raises(IndexError):
         await store.forget("cafe-minori", 5)
     assert await store.forget("cafe-minori", None) == 2
-    assert await MemoryStore(tmp_path, limit=60).memories("cafe-minori") == ()
+    assert (await MemoryStore(tmp_path, limit=60).load("cafe-minori")).memories == ()
 
 
 async def test_each_npc_has_its_own_file(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path, limit=60)
     await store.add_memories("cafe-minori", ["ユーザーは紅茶が好き"], AT, "extraction")
     await store.append_pending("ryokan-fumi", line(1))
-    assert await store.memories("ryokan-fumi") == ()
-    assert await store.pending("cafe-minori") == ()
+    assert (await store.load("ryokan-fumi")).memories == ()
+    assert (await store.load("cafe-minori")).pending == ()
     assert files_in(tmp_path) == ["cafe-minori.json", "ryokan-fumi.json"]
     assert await MemoryStore(tmp_path, limit=60).npc_ids_with_pending() == ["ryokan-fumi"]
 
@@ -212,12 +212,12 @@ async def test_a_read_during_a_slow_write_sees_the_change_without_waiting_for_th
     await asyncio.sleep(0.05)
     assert not writing.done()  # the caller of a change waits for the disk
     try:
-        seen = await asyncio.wait_for(store.pending("cafe-minori"), 0.5)  # a read does not
+        seen = await asyncio.wait_for(store.load("cafe-minori"), 0.5)  # a read does not
     finally:
         slow.set()
     # Whatever is on disk (or about to be) is already what a read sees: a test (or the daemon) that
     # sees a line in the file never reads an older memory from the store.
-    assert [line.player for line in seen] == ["一", "二"]
+    assert [line.player for line in seen.pending] == ["一", "二"]
     await writing
     assert [p["player"] for p in json.loads((tmp_path / "cafe-minori.json").read_text())["pending"]] == ["一", "二"]
 
@@ -258,7 +258,7 @@ async def test_a_failed_write_of_a_memory_command_leaves_file_memory_and_folder_
 
     assert files_in(tmp_path) == ["cafe-minori.json"]  # the temporary file is gone
     assert (tmp_path / "cafe-minori.json").read_bytes() == before
-    assert [line.player for line in await store.pending("cafe-minori")] == ["一"]
+    assert [line.player for line in (await store.load("cafe-minori")).pending] == ["一"]
 
 
 async def test_the_daemons_store_keeps_what_the_disk_refused_and_writes_it_once_it_takes_writes(
@@ -281,7 +281,7 @@ async def test_the_daemons_store_keeps_what_the_disk_refused_and_writes_it_once_
         for word in ("二", "三", "四"):  # the caller goes on: nothing raised, nothing waited for
             noted = store.append_pending("cafe-minori", PendingLine(player=word, npc="はい。", at=AT))
             await asyncio.wait_for(noted, 1)
-        assert [line.player for line in await store.pending("cafe-minori")] == ["一", "二", "三", "四"]
+        assert [line.player for line in (await store.load("cafe-minori")).pending] == ["一", "二", "三", "四"]
         await asyncio.sleep(0.2)  # several retries fail meanwhile
         assert files_in(tmp_path) == ["cafe-minori.json"]  # never a temporary file left behind
         assert [p["player"] for p in json.loads((tmp_path / "cafe-minori.json").read_text())["pending"]] == ["一"]
