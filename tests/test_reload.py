@@ -160,6 +160,10 @@ async def test_sighup_reloads_characters_and_banned_words_without_leaving_the_wo
             requests_before = len(llm.requests)
             assert (await say_to("cafe-minori", "まだいますか？", player="player-4"))["source"] == "generated"
             assert NEW_PERSONA in llm.requests[requests_before].messages[0]["content"]
+            # Enough pings to judge their rhythm below, however quickly the conversation above went
+            # (a fast run was over after 5 pings).
+            while notify.read().count("WATCHDOG=1") < 6:
+                await notify.wait_for(lambda message: message == "WATCHDOG=1")
             assert await stop_bridge(proc) == 0
         finally:
             if proc.returncode is None:
