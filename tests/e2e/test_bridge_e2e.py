@@ -41,6 +41,7 @@ PLAYER_LINES = {
     "ryokan-fumi": "来週の土曜に友だちとキャンプに行くんだ。",
 }
 DEADLINE_SECONDS = 60
+CUT_TEST_LIMIT_SECONDS = 300
 SILENCE_SECONDS = 2
 MAX_SENTENCES = 2
 MAX_CHARS = 90
@@ -158,7 +159,9 @@ async def test_reply_stream_is_cut_once_two_sentences_are_complete(
             character, max_sentences=2, world_lines=(), memories=(), history=(), player_line=player_line
         )
     ]
-    async with httpx.AsyncClient(timeout=120) as client:
+    # Generous limits: this test is about where the stream is cut, not about speed; on a loaded 2-core
+    # machine (a busy loop and another llama.cpp beside it) this reply once took over 60 s.
+    async with httpx.AsyncClient(timeout=CUT_TEST_LIMIT_SECONDS) as client:
         reference = await client.post(
             f"{llama_server.url}/v1/chat/completions",
             json={
@@ -181,7 +184,7 @@ async def test_reply_stream_is_cut_once_two_sentences_are_complete(
             responder = Responder(backend=backend, settings=settings, roster=roster)
             context = ReplyContext(character=character, player_line=player_line, player_name="旅人1")
             since = len(llama_server.log_text())
-            reply = await responder.respond(context, deadline=Deadline.after(60))
+            reply = await responder.respond(context, deadline=Deadline.after(CUT_TEST_LIMIT_SECONDS))
         finally:
             await backend.aclose()
         print(f"\nreply: {reply.source} stopped_early={reply.stopped_early} {reply.text!r}")

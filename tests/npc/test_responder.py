@@ -82,3 +82,36 @@ async def test_a_reply_gets_only_what_is_left_of_its_deadline(tmp_path: Path) ->
             await backend.aclose()
     assert reply.source == "fallback" and reply.error == "deadline" and parts == []
     assert 0.2 < took < 0.9
+
+
+async def test_each_part_logs_when_its_chunk_was_read_and_how_long_the_bridge_held_it(tmp_path: Path) -> None:
+    """The debug line the benchmark (part 7) splits part 0's delay with: one per part, read before handed."""
+    from structlog.testing import capture_logs
+
+    async with FakeOllama() as server:
+        server.default = Answer(("[happy]いらっしゃいませ。", "今日は", "寒いですね。", "ほかに"), delay_seconds=0.05)
+        settings = load_settings(llm_url=server.url, characters_dir=REPO / "characters", memory_dir=tmp_path)
+        roster = load_roster(settings.characters_dir)
+        backend = OllamaBackend(server.url)
+        handed_at: list[float] = []
+
+        async def sink(index: int, text: str, emotion: Emotion) -> None:
+            handed_at.append(time.time())
+
+        try:
+            responder = Responder(backend=backend, settings=settings, roster=roster)
+            context = ReplyContext(
+                character=roster.characters["cafe-minori"], player_line="こんにちは", player_name="旅人"
+            )
+            with capture_logs() as logs:
+                reply = await responder.respond(context, deadline=Deadline.after(10.0), on_part=sink)
+        finally:
+            await backend.aclose()
+    assert reply.parts == ["いらっしゃいませ。", "今日は寒いですね。"]
+    handed = [entry for entry in logs if entry["event"] == "reply_part_handed"]
+    assert [entry["index"] for entry in handed] == [0, 1]
+    for entry, at in zip(handed, handed_at, strict=True):
+        assert entry["read_at"] <= at
+        assert 0 <= entry["held_ms"] <= (at - entry["read_at"]) * 1000 + 0.01
+    # Part 0 is final only with the chunk after its end mark, part 1 with the one after its own.
+    assert handed[1]["read_at"] - handed[0]["read_at"] >= 0.04

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -143,10 +143,11 @@ class Bench:
         llm: TimedOllama | LLMProcess,
         body: Callable[[WorldServer, Daemon, Injector], Awaitable[dict[str, Any]]],
         say_parts: bool = False,
+        extra_npcs: Sequence[str] = (),
         **env: str,
     ) -> dict[str, Any]:
-        """A fresh world (offering say-parts, if asked) and daemon for one part."""
-        world = await WorldServer.start(WORLD_VERSION, TOKEN, say_parts=say_parts)
+        """A fresh world (offering say-parts, if asked; granting `extra_npcs` too) and daemon for one part."""
+        world = await WorldServer.start(WORLD_VERSION, TOKEN, say_parts=say_parts, extra_npcs=extra_npcs)
         work = self.work / name
         work.mkdir(parents=True, exist_ok=True)
         daemon = Daemon(
