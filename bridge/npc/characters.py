@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from bridge.errors import ConfigError
 
 BUILTIN_FALLBACK = "すみません、少々お待ちくださいね。"
+BUILTIN_FALLBACK_EN = "Sorry, just a moment, please."
 
 
 class _Part(BaseModel):
@@ -55,6 +56,14 @@ class Speech(_Part):
     style: str = "やわらかい丁寧語"
     examples: list[Example] = Field(default_factory=list)
     language: Literal["ja", "en"] = "ja"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_in_its_language(cls, data: Any) -> Any:
+        # An English character that leaves these out should not be told to call itself 私.
+        if isinstance(data, dict) and data.get("language") == "en":
+            data = {"first_person": "I", "style": "soft and polite", **data}
+        return data
 
 
 class Voice(_Part):
@@ -108,7 +117,8 @@ class Character(_Part):
 
     @property
     def fallback_lines(self) -> list[str]:
-        return [line for line in self.fallbacks if line.strip()] or [BUILTIN_FALLBACK]
+        builtin = BUILTIN_FALLBACK_EN if self.speech.language == "en" else BUILTIN_FALLBACK
+        return [line for line in self.fallbacks if line.strip()] or [builtin]
 
 
 _T = TypeVar("_T")

@@ -15,7 +15,9 @@ from bridge.npc.characters import Character
 from bridge.npc.prompt import (
     MAX_HISTORY_LINES,
     MEMORY_ACK,
+    MEMORY_ACK_EN,
     MEMORY_HEADING,
+    MEMORY_HEADING_EN,
     Exchange,
     build_reply_messages,
     estimate_tokens,
@@ -278,3 +280,69 @@ def test_inline_memory_character_is_told_how_to_write_memory_lines() -> None:
     minori = system_message(roster.characters["cafe-minori"], max_sentences=2, world_lines=())
     assert "<memory>" in haruno and "「ユーザーは」で始まる" in haruno
     assert "<memory>" not in minori
+
+
+SAM = Character.model_validate(
+    {
+        "id": "cafe-sam",
+        "name": "Sam the Barista",
+        "speaker_name": "Sam",
+        "persona": "A friendly barista at the town cafe.",
+        "staff": {"talk": "worker", "role": "Works behind the counter of the town cafe."},
+        "speech": {
+            "first_person": "I",
+            "style": "friendly, short",
+            "language": "en",
+            "examples": [{"input": "Hello!", "reply": "Hi, welcome in!"}],
+        },
+        "llm": {"lane": "strong"},
+        "memory": {"extract": "inline"},
+    }
+)
+
+
+def _japanese(text: str) -> list[str]:
+    return [char for char in text if "\u3040" <= char <= "\u30ff" or "\u4e00" <= char <= "\u9fff" or char in "「」（）"]
+
+
+def test_an_english_character_gets_its_whole_prompt_in_english() -> None:
+    """A small English model given the Japanese rules answered in Japanese (SmolLM2 135M, benchmark part 7)."""
+    english_memories = [Recalled("The user likes black tea", datetime(2026, 9, 28, 20, tzinfo=JST), "recent")]
+    messages = build_reply_messages(
+        SAM,
+        max_sentences=2,
+        world_lines=["Welcome! Take your time."],
+        memories=english_memories,
+        history=[Exchange("Hi", "Hello there!")],
+        player_line="Any tea today?",
+        hint="Answer briefly, in English only.",
+        memory_subject="The user",
+    )
+    system = messages[0].content
+    assert _japanese("".join(message.content for message in messages)) == []
+    assert "Answer in English, in one to 2 short sentences" in system
+    assert "Name: Sam the Barista (goes by Sam)" in system
+    assert "Role: Works behind the counter of the town cafe." in system
+    assert '- When told "Hello!" → "Hi, welcome in!"' in system
+    assert '"The user" (at most 3 lines)' in system  # the inline memory rule
+    assert system.endswith("# What you just told this customer (do not contradict it)\n- Welcome! Take your time.")
+    assert messages[1] == ChatMessage("user", "\n".join([MEMORY_HEADING_EN, "- (9/28) The user likes black tea"]))
+    assert messages[2] == ChatMessage("assistant", MEMORY_ACK_EN)
+    assert messages[-1] == ChatMessage("user", "Any tea today?\n\n(Answer briefly, in English only.)")
+
+
+def test_a_japanese_character_keeps_the_japanese_prompt() -> None:
+    messages = _build(memories=MEMORIES, hint="短く答えてください。")
+    assert messages[0].content.startswith("あなたは3Dの街にいるキャラクターとして")
+    assert messages[1].content.startswith(MEMORY_HEADING)
+    assert messages[-1].content == "紅茶ありますか？\n\n（短く答えてください。）"
+
+
+def test_an_english_character_without_speech_settings_gets_english_defaults() -> None:
+    bare = Character.model_validate(
+        {"id": "cafe-jo", "name": "Jo", "persona": "A barista.", "talk": "worker", "speech": {"language": "en"}}
+    )
+    assert _japanese(system_message(bare, max_sentences=2, world_lines=[])) == []
+    assert (bare.speech.first_person, bare.speech.style) == ("I", "soft and polite")
+    assert bare.fallback_lines == ["Sorry, just a moment, please."]
+    assert HARUNO.speech.first_person == "私" and HARUNO.fallback_lines == ["すみません、少々お待ちくださいね。"]
