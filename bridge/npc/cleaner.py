@@ -313,6 +313,8 @@ def _is_tight(char: str) -> bool:
 
 def _tidy_whitespace(text: str) -> str:
     text = re.sub(r"\s+", " ", text).strip()
+    if " " not in text:  # most Japanese lines: nothing to look at character by character
+        return text
     out: list[str] = []
     for index, char in enumerate(text):
         if char == " ":

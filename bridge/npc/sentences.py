@@ -152,6 +152,8 @@ def open_quote(text: str) -> int | None:
     """
     first: int | None = None
     for opener, closer in QUOTE_PAIRS.items():
+        if opener not in text:  # a closer alone opens nothing; most lines hold no quote at all
+            continue
         if opener == closer:
             positions = [index for index, char in enumerate(text) if char == opener]
             found = positions[-1] if len(positions) % 2 == 1 else None

@@ -190,14 +190,17 @@ def _first_open(raw: str, labels: _Labels) -> int:
             candidates.append(tag)
             break
         tag = raw.find("[", tag + 1)
+    # The character-by-character walks only where their characters occur (checked in C first).
     parens: list[int] = []
-    for index, char in enumerate(raw):
-        if char in "（(":
-            parens.append(index)
-        elif char in "）)" and parens:
-            parens.pop()
+    if "（" in raw or "(" in raw:
+        for index, char in enumerate(raw):
+            if char in "（(":
+                parens.append(index)
+            elif char in "）)" and parens:
+                parens.pop()
     candidates.extend(parens[:1])
-    stars = [index for index in range(line_start, len(raw)) if raw[index] in "*＊"]
+    has_star = "*" in raw or "＊" in raw
+    stars = [index for index in range(line_start, len(raw)) if raw[index] in "*＊"] if has_star else []
     if len(stars) % 2 == 1:
         candidates.append(stars[0])
     quote = open_quote(raw)
