@@ -126,9 +126,12 @@ QUICK = Plan(
 
 
 class Bench:
-    def __init__(self, plan: Plan, work: Path, *, profile: bool = False) -> None:
+    def __init__(
+        self, plan: Plan, work: Path, *, profile: bool = False, external_llm: tuple[str, str] | None = None
+    ) -> None:
         self.plan = plan
         self.profile = profile
+        self.external_llm = external_llm  # (url, model): part 7's real half against it instead
         self.work = work
         self.rng = random.Random(6)
         self._seq = 0
@@ -877,7 +880,15 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", type=int, action="append", choices=(1, 2, 3, 4, 5, 6, 7), help="run only these parts")
     parser.add_argument("--profile", action="store_true", help="run the daemon under cProfile (slower)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write results ({DEFAULT_JSON})")
+    parser.add_argument(
+        "--llm-url",
+        help="part 7: time the real half against this OpenAI-compatible server (Ollama: http://host:11434) "
+        "instead of the two small models",
+    )
+    parser.add_argument("--llm-model", help="with --llm-url: the model to ask for")
     args = parser.parse_args(argv)
+    if bool(args.llm_url) != bool(args.llm_model):
+        parser.error("--llm-url and --llm-model go together")
     parts = sorted(set(args.part or (1, 2, 3, 4, 5, 6, 7)))
     if not node_available() and set(parts) & {1, 2, 4, 6, 7}:
         print("node and npm are needed for the reference world (parts 1, 2, 4, 6 and 7)", file=sys.stderr)
@@ -893,7 +904,8 @@ async def main(argv: list[str] | None = None) -> int:
     work = args.json.parent / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    bench = Bench(plan, work, profile=args.profile)
+    external = (args.llm_url, args.llm_model) if args.llm_url else None
+    bench = Bench(plan, work, profile=args.profile, external_llm=external)
     runners: dict[int, tuple[Callable[[Bench], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], None]]]
     runners = {1: (part1, print_part1), 2: (part2, print_part2), 3: (part3, print_part3), 4: (part4, print_part4)}
     runners[5] = (recall_quality.part, recall_quality.print_result)  # recall (issue 12): pure code, no world

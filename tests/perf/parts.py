@@ -78,7 +78,7 @@ REAL_LINES = (
 
 
 async def part7(bench: Bench) -> dict[str, Any]:
-    return {"streamed": await _streamed(bench), "real": [await _real(bench, run) for run in real_runs()]}
+    return {"streamed": await _streamed(bench), "real": [await _real(bench, run) for run in real_runs(bench)]}
 
 
 # ---- the streamed fake ---------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ class RealRun:
     """One small model, the characters it voices and the lines players say to them."""
 
     title: str
-    model: GGUFModel
+    model: GGUFModel | ExternalModel
     npcs: tuple[str, ...]
     lines: tuple[str, ...]
     characters_dir: Path | None = None  # None: the three staff (support.bridge_env)
@@ -174,15 +174,27 @@ class RealRun:
     player_name: str = "旅人"
 
 
-def real_runs() -> tuple[RealRun, ...]:
+@dataclass(frozen=True)
+class ExternalModel:
+    """A server already running (`--llm-url`, `--llm-model`): the LAN's model, say. OpenAI-compatible
+    (`/v1/models`, streamed `/v1/chat/completions`): Ollama serves this API too."""
+
+    url: str
+    alias: str
+
+
+def real_runs(bench: Bench) -> tuple[RealRun, ...]:
     from tests.e2e.llama_server import GEMMA3_270M, SMOLLM2_135M
 
+    if bench.external_llm is not None:
+        url, alias = bench.external_llm
+        return (RealRun(f"{alias} at {url}, Japanese staff", ExternalModel(url, alias), STAFF, REAL_LINES),)
     return (
-        RealRun("Gemma 3 270M, Japanese staff", GEMMA3_270M, STAFF, REAL_LINES),
+        RealRun("Gemma 3 270M on llama.cpp, Japanese staff", GEMMA3_270M, STAFF, REAL_LINES),
         # One NPC: its system message stays in the server's KV cache from one line to the next, as on
         # the world's LAN, where the coordinator pins an NPC to one machine.
         RealRun(
-            "SmolLM2 135M, an English clerk",
+            "SmolLM2 135M on llama.cpp, an English clerk",
             SMOLLM2_135M,
             ("cafe-mina",),
             REAL_LINES_EN,
@@ -195,12 +207,16 @@ def real_runs() -> tuple[RealRun, ...]:
 async def _real(bench: Bench, run: RealRun) -> dict[str, Any]:
     from tests.e2e.llama_server import LlamaServer, llama_available
 
-    reason = llama_available(model=run.model)
-    if reason is not None:
-        return {"title": run.title, "skipped": reason}
-    server = LlamaServer(directory=REPO / ".e2e", model=run.model)
-    print(f"  part 7: starting llama.cpp (llama-cpp-python) with {run.model.alias} ...", flush=True)
-    await asyncio.to_thread(server.start)
+    server: LlamaServer | ExternalModel
+    if isinstance(run.model, ExternalModel):
+        server = run.model
+    else:
+        reason = llama_available(model=run.model)
+        if reason is not None:
+            return {"title": run.title, "skipped": reason}
+        server = LlamaServer(directory=REPO / ".e2e", model=run.model)
+        print(f"  part 7: starting llama.cpp (llama-cpp-python) with {run.model.alias} ...", flush=True)
+        await asyncio.to_thread(server.start)
     count = REAL_REPLIES_QUICK if bench.plan.stream_samples <= 3 else REAL_REPLIES_FULL
     characters = {} if run.characters_dir is None else {"NPC_BRIDGE_CHARACTERS_DIR": str(run.characters_dir)}
     try:
@@ -231,20 +247,21 @@ async def _real(bench: Bench, run: RealRun) -> dict[str, Any]:
                 return {"title": run.title, "samples": samples, "violations": await world.violations()}
 
             return await bench.with_daemon(
-                f"part7-{run.model.alias}",
+                f"part7-{server.alias if isinstance(server, ExternalModel) else server.model_alias}",
                 proxy,  # type: ignore[arg-type]  # only its url is used
                 body,
                 say_parts=True,
                 extra_npcs=() if run.characters_dir is None else run.npcs,
                 NPC_BRIDGE_LLM_BACKEND="openai",
-                NPC_BRIDGE_LLM_MODEL=server.model_alias,
+                NPC_BRIDGE_LLM_MODEL=server.alias if isinstance(server, ExternalModel) else server.model_alias,
                 NPC_BRIDGE_LLM_CONTEXT_TOKENS="2048",
                 NPC_BRIDGE_REPLY_DEADLINE_SECONDS="120",
                 NPC_BRIDGE_MEMORY_SILENCE_SECONDS="3600",
                 **characters,
             )
     finally:
-        await asyncio.to_thread(server.stop)
+        if isinstance(server, LlamaServer):
+            await asyncio.to_thread(server.stop)
 
 
 def _real_sample(
@@ -344,7 +361,7 @@ def _print_real(real: dict[str, Any]) -> None:
     if "skipped" in real:
         print(f"\n  real model ({real['title']}): SKIPPED ({real['skipped']})")
         return
-    print(f"\n  real model ({real['title']}, llama.cpp): times from the LLM request of the try that was said")
+    print(f"\n  real model ({real['title']}): times from the LLM request of the try that was said")
     keys = ("npc", "source", "tries", "parts", "first_sentence_token_ms", "final_token_ms", "part0_ms", "say_ms")
     keys += ("ratio", "bound")
     rows = [[s.get(key, math.nan) for key in keys] for s in real["samples"]]
