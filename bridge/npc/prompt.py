@@ -13,7 +13,7 @@ starting with user) accept it and so that the server can reuse its cached prefix
 3. The history: ``user`` (player) / ``assistant`` (NPC) pairs, oldest first, at most
    `MAX_HISTORY_LINES` lines (newest kept).
 4. The player's line (sanitised) as the last ``user`` message; on regeneration the hint is appended
-   to it on its own line, in full-width parentheses.
+   to it on its own line, in parentheses (full-width for Japanese).
 
 Player text (history and current line) only ever goes into ``user`` messages. Every fixed text is in
 the character's language (`_Wording`: Japanese, or English for ``speech.language: "en"``).

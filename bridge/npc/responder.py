@@ -350,9 +350,9 @@ class Responder:
                 if isinstance(chunk, Done):
                     stats = chunk.stats
                     break
-                read_at = time.time()
                 raw += chunk.text
                 if said.sink is not None:
+                    read_at = time.time()
                     spoken = split_inline_memory(raw)[0] if inline else raw
                     if not cleaning.may_advance(spoken, said.final_seen):
                         continue

@@ -180,7 +180,7 @@ class ExternalModel:
     (`/v1/models`, streamed `/v1/chat/completions`): Ollama serves this API too."""
 
     url: str
-    alias: str
+    model_alias: str  # as LlamaServer names it
 
 
 def real_runs(bench: Bench) -> tuple[RealRun, ...]:
@@ -247,13 +247,13 @@ async def _real(bench: Bench, run: RealRun) -> dict[str, Any]:
                 return {"title": run.title, "samples": samples, "violations": await world.violations()}
 
             return await bench.with_daemon(
-                f"part7-{server.alias if isinstance(server, ExternalModel) else server.model_alias}",
+                f"part7-{server.model_alias}",
                 proxy,  # type: ignore[arg-type]  # only its url is used
                 body,
                 say_parts=True,
                 extra_npcs=() if run.characters_dir is None else run.npcs,
                 NPC_BRIDGE_LLM_BACKEND="openai",
-                NPC_BRIDGE_LLM_MODEL=server.alias if isinstance(server, ExternalModel) else server.model_alias,
+                NPC_BRIDGE_LLM_MODEL=server.model_alias,
                 NPC_BRIDGE_LLM_CONTEXT_TOKENS="2048",
                 NPC_BRIDGE_REPLY_DEADLINE_SECONDS="120",
                 NPC_BRIDGE_MEMORY_SILENCE_SECONDS="3600",

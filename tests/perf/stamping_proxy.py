@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-END_MARKS = "。！？!?."
+from bridge.npc.sentences import END_MARKS
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Proxied:
         seen = ""
         for index, (at, text) in enumerate(self.pieces):
             seen += text
-            if any(mark in seen.strip() for mark in END_MARKS):
+            if any(mark in seen.strip() for mark in END_MARKS + "."):
                 after = self.pieces[index + 1][0] - self.arrived if index + 1 < len(self.pieces) else None
                 return at - self.arrived, after
         return None, None
